@@ -1,0 +1,146 @@
+/*
+ * hostreg.h: the C ABI of hostreg.
+ *
+ * hostreg page-locks existing host memory through the interface PyTorch already uses,
+ * CUDA's cudaHostRegister / cudaHostUnregister, on any accelerator runtime and on hosts
+ * with none. Every success means the range really is page-locked: by the vendor runtime,
+ * or (posix backend, no accelerator) by the OS with mlock(2).
+ *
+ * Error codes are CUDA's cudaError_t numbers (source: CUDA 13.0 driver_types.h, collected
+ * in shared/reference/vendor-abi.md). Whatever the backend, the registry enforces CUDA's
+ * rules itself:
+ *   - hostregHostRegister: 1 (cudaErrorInvalidValue) for a NULL pointer, 0 bytes, a range
+ *     that wraps past the end of the address space, or flag bits outside
+ *     Portable|Mapped|IoMemory|ReadOnly; 712 (cudaErrorHostMemoryAlreadyRegistered) when
+ *     any byte of the range is already registered; 801 (cudaErrorNotSupported) for a flag
+ *     the active backend cannot honour; 2 (cudaErrorMemoryAllocation) when the memory
+ *     cannot be locked (e.g. RLIMIT_MEMLOCK).
+ *   - hostregHostUnregister: 713 (cudaErrorHostMemoryNotRegistered) unless the pointer is
+ *     the base of a live registration.
+ *   - Pointers need not be page-aligned; the backend handles pages.
+ * All functions are thread-safe. Details of the last failure of the calling thread (the
+ * backend's native code and a human explanation) come from hostregGetLastError.
+ */
+#ifndef HOSTREG_HOSTREG_H
+#define HOSTREG_HOSTREG_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define HOSTREG_API __attribute__((visibility("default")))
+#else
+#define HOSTREG_API
+#endif
+
+/* cudaError_t-compatible codes (CUDA 13.0 driver_types.h). */
+typedef enum hostregError {
+    hostregSuccess = 0,
+    hostregErrorInvalidValue = 1,
+    hostregErrorMemoryAllocation = 2,
+    hostregErrorInitializationError = 3,
+    hostregErrorCudartUnloading = 4,
+    hostregErrorStubLibrary = 34,
+    hostregErrorInsufficientDriver = 35,
+    hostregErrorNoDevice = 100,
+    hostregErrorInvalidDevice = 101,
+    hostregErrorHostMemoryAlreadyRegistered = 712,
+    hostregErrorHostMemoryNotRegistered = 713,
+    hostregErrorNotPermitted = 800,
+    hostregErrorNotSupported = 801,
+    hostregErrorUnknown = 999
+} hostregError;
+
+/* cudaHostRegister flags (CUDA 13.0 cuda_runtime_api.h; same bits as the driver's
+ * CU_MEMHOSTREGISTER_*). */
+#define HOSTREG_HOST_REGISTER_DEFAULT 0x0u
+#define HOSTREG_HOST_REGISTER_PORTABLE 0x1u
+#define HOSTREG_HOST_REGISTER_MAPPED 0x2u
+#define HOSTREG_HOST_REGISTER_IO_MEMORY 0x4u
+#define HOSTREG_HOST_REGISTER_READ_ONLY 0x8u
+#define HOSTREG_HOST_REGISTER_ALL_FLAGS 0xFu
+
+/* One live registration, as reported by the queries below. */
+typedef struct hostregRegistration {
+    void* base;          /* the pointer passed to hostregHostRegister */
+    size_t bytes;        /* the byte count passed to hostregHostRegister */
+    unsigned int flags;  /* the flags passed to hostregHostRegister */
+    void* device_ptr;    /* device address of base (posix backend: base itself) */
+    const char* backend; /* static string: "posix", "cuda", ... */
+} hostregRegistration;
+
+/* Process-wide counters. */
+typedef struct hostregStats {
+    size_t registrations;    /* live registrations */
+    size_t bytes_registered; /* sum of their byte counts */
+    size_t bytes_locked;     /* distinct whole pages they cover, in bytes */
+} hostregStats;
+
+/* Page-lock [ptr, ptr + bytes) and record the registration. Mirrors cudaHostRegister.
+ * Returns 0, 1, 2, 3 (backend unavailable), 712, 801, or another code from the backend. */
+HOSTREG_API int hostregHostRegister(void* ptr, size_t bytes, unsigned int flags);
+
+/* Undo the registration whose base is ptr. Mirrors cudaHostUnregister. Returns 0 or 713. */
+HOSTREG_API int hostregHostUnregister(void* ptr);
+
+/* Device address of a registered host address (any address inside a registration).
+ * flags must be 0. Returns 0, or 1 (unregistered pointer, flags != 0, NULL out, or a
+ * registration the runtime gave no device address, e.g. AscendCL without Mapped). */
+HOSTREG_API int hostregHostGetDevicePointer(void** device_ptr, void* host_ptr, unsigned int flags);
+
+/* Flags of the registration containing host_ptr. Returns 0, or 1 (unregistered, NULL out). */
+HOSTREG_API int hostregHostGetFlags(unsigned int* flags, void* host_ptr);
+
+/* 1 if ptr lies inside a live registration, else 0. */
+HOSTREG_API int hostregIsRegistered(const void* ptr);
+
+/* Fills *out with the registration containing ptr. Returns 0, 713 if none, 1 if out is NULL. */
+HOSTREG_API int hostregPointerGetRegistration(const void* ptr, hostregRegistration* out);
+
+/* Copies up to capacity live registrations, in address order, into out (may be NULL when
+ * capacity is 0) and stores the total number live in *total (may be NULL). Returns the
+ * number copied. */
+HOSTREG_API size_t hostregListRegistrations(hostregRegistration* out, size_t capacity,
+                                            size_t* total);
+
+/* Fills *out. Returns 0, or 1 if out is NULL. */
+HOSTREG_API int hostregGetStats(hostregStats* out);
+
+/* CUDA's name for a code ("cudaErrorInvalidValue"), or "unrecognized error code". */
+HOSTREG_API const char* hostregGetErrorName(int code);
+
+/* CUDA's message for a code ("invalid argument"), or "unrecognized error code". */
+HOSTREG_API const char* hostregGetErrorString(int code);
+
+/* The calling thread's last failure: returns its code (0 if this thread has had none),
+ * stores the backend's native code (errno, CUresult, aclError, ...; 0 if none) in
+ * *native_code and a human explanation in *message (each may be NULL). The message stays
+ * valid until this thread's next failing hostreg call. */
+HOSTREG_API int hostregGetLastError(long long* native_code, const char** message);
+
+/* Name of the backend in use ("posix", ...), selecting it if none is yet; "none" when
+ * HOSTREG_BACKEND=none or selection failed (see hostregGetLastError). */
+HOSTREG_API const char* hostregBackendName(void);
+
+/* Names of the backends compiled in, in the order HOSTREG_BACKEND=auto tries them
+ * ("cuda", "hip", "acl", "musa", "posix"), NULL-terminated. Static storage. */
+HOSTREG_API const char* const* hostregBackendNames(void);
+
+/* Probes one backend by name (loading and initialising its runtime once per process; it
+ * registers nothing). Returns 0 when it is usable, with *detail describing it (library
+ * path and version), else the cudaError that selecting it would give, with *detail saying
+ * why (no library, no device, stub driver, ...); 1 for an unknown name. *detail (may be
+ * NULL) stays valid until this thread's next call of this function. */
+HOSTREG_API int hostregProbeBackend(const char* name, const char** detail);
+
+/* The library's version string, "MAJOR.MINOR.PATCH". */
+HOSTREG_API const char* hostregVersion(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HOSTREG_HOSTREG_H */

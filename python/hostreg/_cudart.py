@@ -1,0 +1,84 @@
+"""``hostreg.cudart()``: a drop-in for ``torch._C._cudart`` backed by hostreg.
+
+It offers what ``torch/csrc/cuda/shared/cudart.cpp`` binds (see
+``shared/reference/torch-integration.md``): ``cudaError``, ``cudaGetErrorString``,
+``cudaHostRegister`` / ``cudaHostUnregister`` (really page-locking, GIL released),
+and for the calls hostreg cannot serve (profiler, streams, ``cudaMemGetInfo``) an honest
+``cudaErrorNotSupported`` answer, never a fake success.
+"""
+
+from __future__ import annotations
+
+from . import _core, _hostreg
+from ._errors import cudaError
+
+
+class CudaRuntime:
+    """The object :func:`cudart` returns; mirrors ``torch._C._cudart``.
+
+    There is one per process. Its methods take and return plain ints / :class:`cudaError`
+    as torch's do; they never raise for a failed call (they return the code), only for
+    arguments of the wrong type (``TypeError``) or range (``ValueError``).
+    """
+
+    cudaError = cudaError
+
+    @staticmethod
+    def cudaHostRegister(ptr: int, size: int, flags: int) -> cudaError:  # noqa: N802
+        """Page-lock ``size`` bytes at address ``ptr``; see :func:`hostreg.host_register`."""
+        return _core.host_register(ptr, size, flags)
+
+    @staticmethod
+    def cudaHostUnregister(ptr: int) -> cudaError:  # noqa: N802
+        """Undo the registration based at ``ptr``; see :func:`hostreg.host_unregister`."""
+        return _core.host_unregister(ptr)
+
+    @staticmethod
+    def cudaGetErrorString(error: int) -> str:  # noqa: N802
+        """CUDA's message for a code ("invalid argument"), or "unrecognized error code"."""
+        return _hostreg.error_string(int(error))
+
+    @staticmethod
+    def cudaGetErrorName(error: int) -> str:  # noqa: N802
+        """CUDA's name for a code ("cudaErrorInvalidValue"), or "unrecognized error code"."""
+        return _hostreg.error_name(int(error))
+
+    # The calls below need a CUDA device; hostreg has none to offer, so it says so.
+    @staticmethod
+    def cudaProfilerStart() -> cudaError:  # noqa: N802
+        """Not supported without CUDA: returns ``cudaErrorNotSupported``."""
+        return cudaError.cudaErrorNotSupported
+
+    @staticmethod
+    def cudaProfilerStop() -> cudaError:  # noqa: N802
+        """Not supported without CUDA: returns ``cudaErrorNotSupported``."""
+        return cudaError.cudaErrorNotSupported
+
+    @staticmethod
+    def cudaStreamCreate(ptr: int) -> cudaError:  # noqa: N802
+        """Not supported without CUDA: returns ``cudaErrorNotSupported``."""
+        return cudaError.cudaErrorNotSupported
+
+    @staticmethod
+    def cudaStreamDestroy(ptr: int) -> cudaError:  # noqa: N802
+        """Not supported without CUDA: returns ``cudaErrorNotSupported``."""
+        return cudaError.cudaErrorNotSupported
+
+    @staticmethod
+    def cudaMemGetInfo(device: int) -> tuple[int, int]:  # noqa: N802
+        """Raises ``RuntimeError`` (as torch's does on error): hostreg manages no device memory."""
+        raise RuntimeError(
+            f"cudaMemGetInfo({device}): {cudaError.cudaErrorNotSupported}: hostreg "
+            f"({_core.backend()} backend) page-locks host memory and has no device memory to report"
+        )
+
+    def __repr__(self) -> str:
+        return f"<hostreg.cudart backend={_core.backend()!r}>"
+
+
+_instance = CudaRuntime()
+
+
+def cudart() -> CudaRuntime:
+    """The process-wide :class:`CudaRuntime` (always the same object)."""
+    return _instance

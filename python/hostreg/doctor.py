@@ -1,0 +1,144 @@
+"""``hostreg doctor``: what hostreg can do on this machine, and whether staging will work.
+
+:func:`diagnose` gathers facts without changing anything (it registers nothing; probing a
+backend loads and initialises its runtime once); :func:`verdict` reads them.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import _hostreg
+
+DEFAULT_BYTES = 497_759_232  # the embedded default model (GPT-2 small, fp32)
+
+
+@dataclass
+class BackendReport:
+    name: str
+    available: bool
+    detail: str  #: library path and version when available, else why not
+
+
+@dataclass
+class Diagnosis:
+    backends: list[BackendReport]
+    auto: str  #: what HOSTREG_BACKEND=auto picks
+    requested: str  #: HOSTREG_BACKEND as set ("auto" if unset)
+    active: str  #: what this process uses ("none" if unusable)
+    active_reason: str  #: why "none", when it is
+    memlock_bytes: int | None  #: RLIMIT_MEMLOCK soft limit, None = unlimited
+    cap_ipc_lock: bool
+    shm_bytes: int | None  #: /dev/shm size, None if absent
+    shm_free_bytes: int | None
+    nofile: int  #: RLIMIT_NOFILE soft limit
+    thp: str  #: transparent huge pages mode for anonymous memory
+    thp_shmem: str  #: ... for tmpfs/shm
+    torch: str | None  #: torch version, None if not installed
+    torch_cudart: str  #: whether torch's own cudart() works, in words
+    staging_bytes: int = DEFAULT_BYTES  #: the size the verdict is for
+    problems: list[str] = field(default_factory=list)  #: filled by verdict()
+
+
+def _cap_ipc_lock() -> bool:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> 14 & 1)
+    return False
+
+
+def _thp(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read()
+    except OSError:
+        return "unknown"
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else text.strip()
+
+
+def _torch_cudart() -> tuple[str | None, str]:
+    try:
+        import torch
+    except ImportError:
+        return None, "torch not installed"
+    from . import torch as ht
+
+    original = getattr(torch.cuda.cudart, "__hostreg_original__", torch.cuda.cudart)
+    try:
+        rt = original()
+    except Exception as e:  # noqa: BLE001 -- reported, not handled
+        return torch.__version__, f"fails: {type(e).__name__}: {e}"
+    if rt is None:
+        return torch.__version__, "returns None"
+    return torch.__version__, "works" + (" (hostreg.torch installed, keeps it)" if ht.is_installed() else "")
+
+
+def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
+    """Collect the facts ``doctor`` reports. Registers nothing."""
+    backends = []
+    for name in _hostreg.backend_names():
+        code, detail = _hostreg.probe_backend(name)
+        backends.append(BackendReport(name, code == 0, detail))
+    auto = next(b.name for b in backends if b.available)
+    active = _hostreg.backend_name()
+    reason = _hostreg.last_error()[2] if active == "none" else ""
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    try:
+        st = os.statvfs("/dev/shm")
+        shm, shm_free = st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail
+    except OSError:
+        shm = shm_free = None
+    torch_version, torch_cudart = _torch_cudart()
+    return Diagnosis(
+        backends=backends,
+        auto=auto,
+        requested=os.environ.get("HOSTREG_BACKEND") or "auto",
+        active=active,
+        active_reason=reason,
+        memlock_bytes=None if soft == resource.RLIM_INFINITY else soft,
+        cap_ipc_lock=_cap_ipc_lock(),
+        shm_bytes=shm,
+        shm_free_bytes=shm_free,
+        nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        thp=_thp("/sys/kernel/mm/transparent_hugepage/enabled"),
+        thp_shmem=_thp("/sys/kernel/mm/transparent_hugepage/shmem_enabled"),
+        torch=torch_version,
+        torch_cudart=torch_cudart,
+        staging_bytes=staging_bytes,
+    )
+
+
+def verdict(d: Diagnosis) -> list[str]:
+    """Problems that would make staging ``d.staging_bytes`` fail (empty: it would work).
+
+    Each names the limit and the fix. Also stored in ``d.problems``.
+    """
+    need = d.staging_bytes
+    problems = []
+    if d.active == "none":
+        problems.append(f"no backend is usable: {d.active_reason}")
+    if d.active == "posix" and not d.cap_ipc_lock and d.memlock_bytes is not None and d.memlock_bytes < need:
+        problems.append(
+            f"RLIMIT_MEMLOCK is {d.memlock_bytes // 1024} KiB and CAP_IPC_LOCK is not held: locking "
+            f"{need:,} bytes will fail with cudaErrorMemoryAllocation; run `ulimit -l unlimited` "
+            "(docker: --ulimit memlock=-1) or grant CAP_IPC_LOCK"
+        )
+    if d.shm_free_bytes is not None and d.shm_free_bytes < need:
+        problems.append(
+            f"/dev/shm has {d.shm_free_bytes:,} bytes free of {d.shm_bytes:,}, less than the {need:,} "
+            "bytes to stage; enlarge it (docker: --shm-size)"
+        )
+    d.problems = problems
+    return problems
+
+
+def to_json(d: Diagnosis) -> dict[str, Any]:
+    """The diagnosis as plain JSON-able data."""
+    out = asdict(d)
+    out["ok"] = not d.problems
+    return out

@@ -1,0 +1,70 @@
+// select.cpp: which backend this process uses.
+//
+// HOSTREG_BACKEND picks it: "auto" (default; the first available accelerator runtime, else
+// posix), a backend's name, or "none" (registration disabled: every register answers 801).
+// The choice is made once, on first use, and then fixed for the process.
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "core/backend.hpp"
+
+namespace hostreg {
+namespace {
+
+struct Choice {
+    const Backend* backend = nullptr;
+    Status why;  // reason when backend is nullptr
+};
+
+Choice choose() {
+    const char* env = std::getenv("HOSTREG_BACKEND");
+    const std::string want = (env && *env) ? env : "auto";
+    if (want == "none")
+        return {nullptr, Status::error(hostregErrorNotSupported,
+                                       "host registration is disabled (HOSTREG_BACKEND=none)")};
+    std::string tried;
+    for (const Backend* const* it = kAllBackends; *it; ++it) {
+        const Backend* b = *it;
+        if (want != "auto" && want != b->name) continue;
+        Status s = b->probe();
+        if (s.is_ok()) return {b, Status::ok()};
+        if (want != "auto")
+            return {nullptr, Status::error(hostregErrorInitializationError,
+                                           std::string("backend ") + b->name +
+                                               " (HOSTREG_BACKEND) is unavailable: " + s.message,
+                                           s.native)};
+        tried += std::string(tried.empty() ? "" : "; ") + b->name + ": " + s.message;
+    }
+    if (want != "auto")
+        return {nullptr, Status::error(hostregErrorInitializationError,
+                                       "unknown backend '" + want +
+                                           "' in HOSTREG_BACKEND (use auto, cuda, hip, acl, musa, posix or none)")};
+    return {nullptr, Status::error(hostregErrorInitializationError,
+                                   "no backend is available (" + tried + ")")};
+}
+
+}  // namespace
+
+// Accelerator runtimes first, in a fixed documented order; posix, always available, last.
+const Backend* const kAllBackends[] = {&kCudaBackend, &kHipBackend, &kAclBackend, &kMusaBackend,
+                                       &kPosixBackend, nullptr};
+
+int translate(long long native, const CodeMap* map, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+        if (map[i].native == native) return map[i].code;
+    return hostregErrorUnknown;
+}
+
+int mirror_cuda(long long native) {
+    if (native == 201) return hostregErrorInitializationError;  // invalid context
+    return is_known_code(native) ? static_cast<int>(native) : hostregErrorUnknown;
+}
+
+const Backend* active_backend(Status* why) {
+    static const Choice* choice = new Choice(choose());  // once; leaked for use at exit
+    if (!choice->backend && why) *why = choice->why;
+    return choice->backend;
+}
+
+}  // namespace hostreg

@@ -1,0 +1,139 @@
+// hostreg.cpp: the C ABI (include/hostreg/hostreg.h) over the registry. Each function only
+// converts arguments and records failures for hostregGetLastError.
+#include "hostreg/hostreg.h"
+
+#include "core/registry.hpp"
+
+using hostreg::record;
+using hostreg::Registration;
+using hostreg::Registry;
+using hostreg::Status;
+
+namespace {
+
+void fill(const Registration& r, hostregRegistration* out) {
+    out->base = reinterpret_cast<void*>(r.base);
+    out->bytes = r.bytes;
+    out->flags = r.flags;
+    out->device_ptr = r.device_ptr;
+    out->backend = r.backend->name;
+}
+
+int null_out(const char* what) {
+    return record(Status::error(hostregErrorInvalidValue, std::string(what) + " is NULL"));
+}
+
+}  // namespace
+
+extern "C" {
+
+int hostregHostRegister(void* ptr, size_t bytes, unsigned int flags) {
+    return record(Registry::instance().host_register(ptr, bytes, flags));
+}
+
+int hostregHostUnregister(void* ptr) { return record(Registry::instance().host_unregister(ptr)); }
+
+int hostregHostGetDevicePointer(void** device_ptr, void* host_ptr, unsigned int flags) {
+    if (device_ptr == nullptr) return null_out("device_ptr");
+    if (flags != 0)
+        return record(Status::error(hostregErrorInvalidValue, "flags must be 0"));
+    Registration r;
+    if (!Registry::instance().find(host_ptr, &r))
+        return record(Status::error(hostregErrorInvalidValue,
+                                    "host pointer is not inside a registration"));
+    if (r.device_ptr == nullptr)
+        return record(Status::error(hostregErrorInvalidValue,
+                                    std::string("the ") + r.backend->name +
+                                        " runtime gave this registration no device address (register with Mapped)"));
+    const auto offset = reinterpret_cast<uintptr_t>(host_ptr) - r.base;
+    *device_ptr = static_cast<char*>(r.device_ptr) + offset;
+    return hostregSuccess;
+}
+
+int hostregHostGetFlags(unsigned int* flags, void* host_ptr) {
+    if (flags == nullptr) return null_out("flags");
+    Registration r;
+    if (!Registry::instance().find(host_ptr, &r))
+        return record(Status::error(hostregErrorInvalidValue,
+                                    "host pointer is not inside a registration"));
+    *flags = r.flags;
+    return hostregSuccess;
+}
+
+int hostregIsRegistered(const void* ptr) { return Registry::instance().find(ptr, nullptr) ? 1 : 0; }
+
+int hostregPointerGetRegistration(const void* ptr, hostregRegistration* out) {
+    if (out == nullptr) return null_out("out");
+    Registration r;
+    if (!Registry::instance().find(ptr, &r))
+        return record(Status::error(hostregErrorHostMemoryNotRegistered,
+                                    "pointer is not inside a registration"));
+    fill(r, out);
+    return hostregSuccess;
+}
+
+size_t hostregListRegistrations(hostregRegistration* out, size_t capacity, size_t* total) {
+    const auto all = Registry::instance().list();
+    if (total) *total = all.size();
+    size_t n = 0;
+    for (; out && n < capacity && n < all.size(); ++n) fill(all[n], &out[n]);
+    return n;
+}
+
+int hostregGetStats(hostregStats* out) {
+    if (out == nullptr) return null_out("out");
+    const auto st = Registry::instance().stats();
+    out->registrations = st.registrations;
+    out->bytes_registered = st.bytes_registered;
+    out->bytes_locked = st.bytes_locked;
+    return hostregSuccess;
+}
+
+const char* hostregGetErrorName(int code) { return hostreg::error_name(code); }
+
+const char* hostregGetErrorString(int code) { return hostreg::error_string(code); }
+
+int hostregGetLastError(long long* native_code, const char** message) {
+    const Status& s = hostreg::last_error();
+    if (native_code) *native_code = s.native;
+    if (message) *message = s.message.c_str();
+    return s.code;
+}
+
+const char* hostregBackendName(void) {
+    Status why;
+    const hostreg::Backend* b = hostreg::active_backend(&why);
+    if (!b) {
+        record(why);
+        return "none";
+    }
+    return b->name;
+}
+
+const char* const* hostregBackendNames(void) {
+    static const char* const* names = [] {
+        size_t n = 0;
+        while (hostreg::kAllBackends[n]) ++n;
+        auto** v = new const char*[n + 1];
+        for (size_t i = 0; i < n; ++i) v[i] = hostreg::kAllBackends[i]->name;
+        v[n] = nullptr;
+        return v;
+    }();
+    return names;
+}
+
+int hostregProbeBackend(const char* name, const char** detail) {
+    thread_local std::string text;
+    const hostreg::Backend* found = nullptr;
+    for (const hostreg::Backend* const* b = hostreg::kAllBackends; *b && name; ++b)
+        if (std::string(name) == (*b)->name) found = *b;
+    Status s = found ? found->probe()
+                     : Status::error(hostregErrorInvalidValue, std::string("unknown backend ") + (name ? name : "NULL"));
+    text = s.is_ok() ? found->describe() : s.message;
+    if (detail) *detail = text.c_str();
+    return s.code;
+}
+
+const char* hostregVersion(void) { return HOSTREG_VERSION; }
+
+}  // extern "C"

@@ -1,0 +1,145 @@
+// registry.cpp: see registry.hpp for the rules.
+#include "core/registry.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+namespace hostreg {
+namespace {
+
+std::string hex(uintptr_t p) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "0x%zx", static_cast<size_t>(p));
+    return buf;
+}
+
+}  // namespace
+
+Registry& Registry::instance() {
+    static Registry* r = new Registry();  // intentionally leaked: usable during exit
+    return *r;
+}
+
+std::map<uintptr_t, Registry::Entry>::const_iterator Registry::overlapping(uintptr_t lo,
+                                                                           uintptr_t hi) const {
+    auto it = map_.lower_bound(lo);
+    if (it != map_.end() && it->first < hi) return it;
+    if (it != map_.begin()) {
+        auto prev = std::prev(it);
+        if (prev->first + prev->second.reg.bytes > lo) return prev;
+    }
+    return map_.end();
+}
+
+Status Registry::host_register(void* ptr, size_t bytes, unsigned flags) {
+    const auto lo = reinterpret_cast<uintptr_t>(ptr);
+    if (ptr == nullptr) return Status::error(hostregErrorInvalidValue, "pointer is NULL");
+    if (bytes == 0) return Status::error(hostregErrorInvalidValue, "byte count is 0");
+    if (lo + bytes < lo)
+        return Status::error(hostregErrorInvalidValue,
+                             "range " + hex(lo) + " + " + std::to_string(bytes) +
+                                 " bytes wraps past the end of the address space");
+    if (flags & ~HOSTREG_HOST_REGISTER_ALL_FLAGS)
+        return Status::error(hostregErrorInvalidValue,
+                             "unknown flag bits " + hex(flags & ~HOSTREG_HOST_REGISTER_ALL_FLAGS) +
+                                 " (known: Portable 0x1, Mapped 0x2, IoMemory 0x4, ReadOnly 0x8)");
+    Status why;
+    const Backend* be = active_backend(&why);
+    if (be == nullptr) return why;
+    if (flags & ~be->supported)
+        return Status::error(hostregErrorNotSupported,
+                             "flags " + hex(flags & ~be->supported) + " are not supported by the " +
+                                 be->name + " backend");
+    const uintptr_t hi = lo + bytes;
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = overlapping(lo, hi);
+        if (it != map_.end()) {
+            const auto& r = it->second.reg;
+            return Status::error(hostregErrorHostMemoryAlreadyRegistered,
+                                 "range " + hex(lo) + "+" + std::to_string(bytes) +
+                                     " overlaps the registration " + hex(r.base) + "+" +
+                                     std::to_string(r.bytes));
+        }
+        map_.emplace(lo, Entry{Registration{lo, bytes, flags, nullptr, be}, State::Pending});
+    }
+    void* dev = nullptr;
+    Status s = be->host_register(ptr, bytes, flags, &dev);
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = map_.find(lo);
+    if (!s.is_ok()) {
+        map_.erase(it);
+        return s;
+    }
+    it->second.reg.device_ptr = dev;
+    it->second.state = State::Live;
+    return s;
+}
+
+Status Registry::host_unregister(void* ptr) {
+    const auto base = reinterpret_cast<uintptr_t>(ptr);
+    Registration reg;
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = map_.find(base);
+        if (it == map_.end() || it->second.state != State::Live) {
+            auto inside = overlapping(base, base + 1);
+            std::string why = "pointer " + hex(base) + " is not the base of a live registration";
+            if (it == map_.end() && inside != map_.end())
+                why += " (it lies inside " + hex(inside->first) + "+" +
+                       std::to_string(inside->second.reg.bytes) + ")";
+            return Status::error(hostregErrorHostMemoryNotRegistered, why);
+        }
+        it->second.state = State::Releasing;
+        reg = it->second.reg;
+    }
+    Status s = reg.backend->host_unregister(ptr, reg.bytes);
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = map_.find(base);
+    if (!s.is_ok()) {
+        it->second.state = State::Live;  // still registered; the caller may retry
+        return s;
+    }
+    map_.erase(it);
+    return s;
+}
+
+bool Registry::find(const void* ptr, Registration* out) const {
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = overlapping(p, p + 1);
+    if (it == map_.end() || it->second.state != State::Live) return false;
+    if (out) *out = it->second.reg;
+    return true;
+}
+
+std::vector<Registration> Registry::list() const {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<Registration> v;
+    v.reserve(map_.size());
+    for (const auto& [base, e] : map_)
+        if (e.state == State::Live) v.push_back(e.reg);
+    return v;
+}
+
+Registry::Stats Registry::stats() const {
+    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    Stats st;
+    uintptr_t covered_to = 0;  // end of the last page already counted
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& [base, e] : map_) {
+        if (e.state != State::Live) continue;
+        ++st.registrations;
+        st.bytes_registered += e.reg.bytes;
+        uintptr_t first = base & ~(page - 1);
+        const uintptr_t end = (base + e.reg.bytes + page - 1) & ~(page - 1);
+        if (first < covered_to) first = covered_to;  // page shared with the previous range
+        if (end > first) st.bytes_locked += end - first;
+        if (end > covered_to) covered_to = end;
+    }
+    return st;
+}
+
+}  // namespace hostreg

@@ -1,0 +1,66 @@
+// registry.hpp: the process-wide record of live host registrations.
+//
+// An interval map keyed by base address. It enforces CUDA's rules whatever the backend
+// does (the vendors differ: Level Zero accepts re-imports of sub-ranges, AscendCL has its
+// own codes; see vendor-abi.md):
+//   register:   1 for null / 0 bytes / wrap-around / unknown flag bits; 712 if any byte of
+//               the range is registered (or being registered or released by another
+//               thread); 801 for flags the backend cannot honour; else the backend's answer.
+//   unregister: 713 unless ptr is the base of a live registration.
+// The backend is called outside the registry's lock: a range is first reserved (Pending),
+// then locked by the backend, then made Live; unregister marks it Releasing, unlocks, then
+// erases it. No other thread can touch a reserved range meanwhile.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/backend.hpp"
+
+namespace hostreg {
+
+struct Registration {
+    uintptr_t base = 0;
+    size_t bytes = 0;
+    unsigned flags = 0;
+    void* device_ptr = nullptr;
+    const Backend* backend = nullptr;
+};
+
+class Registry {
+public:
+    // The one registry of this process. Never destroyed, so finalizers that unregister
+    // during interpreter or process exit still find it.
+    static Registry& instance();
+
+    Status host_register(void* ptr, size_t bytes, unsigned flags);
+    Status host_unregister(void* ptr);
+
+    // The live registration containing ptr, if any.
+    bool find(const void* ptr, Registration* out) const;
+    std::vector<Registration> list() const;
+
+    struct Stats {
+        size_t registrations = 0;
+        size_t bytes_registered = 0;
+        size_t bytes_locked = 0;  // distinct whole pages covered
+    };
+    Stats stats() const;
+
+private:
+    enum class State { Pending, Live, Releasing };
+    struct Entry {
+        Registration reg;
+        State state;
+    };
+    // Entry whose range intersects [lo, hi), or end().
+    std::map<uintptr_t, Entry>::const_iterator overlapping(uintptr_t lo, uintptr_t hi) const;
+
+    mutable std::mutex mu_;
+    std::map<uintptr_t, Entry> map_;  // base -> entry; ranges never intersect
+};
+
+}  // namespace hostreg

@@ -1,0 +1,40 @@
+// status.hpp: hostreg's error model.
+//
+// Every operation answers a Status: a cudaError_t-compatible code (numbers from CUDA 13.0
+// driver_types.h, see shared/reference/vendor-abi.md), the backend's native code (errno,
+// CUresult, aclError, ...) and a human explanation. The last failing Status of each thread
+// is kept for hostregGetLastError.
+#pragma once
+
+#include <string>
+
+#include "hostreg/hostreg.h"
+
+namespace hostreg {
+
+struct Status {
+    int code = hostregSuccess;  // cudaError_t number
+    long long native = 0;       // backend's own code, 0 if none
+    std::string message;        // why, in words; empty on success
+
+    static Status ok() { return {}; }
+    static Status error(int code, std::string message, long long native = 0) {
+        return Status{code, native, std::move(message)};
+    }
+    bool is_ok() const { return code == hostregSuccess; }
+};
+
+// CUDA's name / message for a code; "unrecognized error code" for unknown numbers.
+const char* error_name(int code);
+const char* error_string(int code);
+
+// Is code one of the cudaError numbers hostreg knows (and can name)?
+bool is_known_code(long long code);
+
+// Records s as the calling thread's last failure (no-op for success) and returns s.code.
+int record(const Status& s);
+
+// The calling thread's last failure (code 0 if none).
+const Status& last_error();
+
+}  // namespace hostreg

@@ -1,0 +1,68 @@
+"""Shared fixtures. Every test must leave no registration and no locked memory behind:
+the autouse fixture checks it after each test, with the kernel's own count (VmLck)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import mmap
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import hostreg
+
+PAGE = mmap.PAGESIZE
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Buffer:
+    """An anonymous private mapping with its address, for registering by hand."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.map = mmap.mmap(-1, nbytes)
+        self.nbytes = nbytes
+        self._view = ctypes.c_char.from_buffer(self.map)
+        self.addr = ctypes.addressof(self._view)
+
+    def close(self) -> None:
+        del self._view
+        self.map.close()
+
+
+@pytest.fixture
+def buf() -> Iterator[Buffer]:
+    b = Buffer(64 * PAGE)
+    yield b
+    b.close()
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind() -> Iterator[None]:
+    gc.collect()
+    regs, locked = hostreg.stats().registrations, hostreg.locked_bytes()
+    yield
+    gc.collect()
+    assert hostreg.stats().registrations == regs, f"test left registrations behind: {hostreg.registrations()}"
+    assert hostreg.locked_bytes() == locked, "test left memory locked (VmLck)"
+
+
+def run_python(code: str, *prefix: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter (optionally under a wrapper command such as prlimit)."""
+    return subprocess.run(
+        [*prefix, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+# Drop CAP_IPC_LOCK for the child (as root, effective capabilities come from the bounding
+# set at exec) and set RLIMIT_MEMLOCK to 8192 KiB, the default of containers.
+def low_memlock(kib: int = 8192) -> tuple[str, ...]:
+    return ("prlimit", f"--memlock={kib * 1024}:{kib * 1024}", "setpriv", "--bounding-set=-ipc_lock", "--")

@@ -1,0 +1,151 @@
+"""hostreg.cudart(): the drop-in for torch._C._cudart, and the typed functions under it."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from conftest import PAGE, Buffer
+
+import hostreg
+from hostreg import _hostreg, cudaError
+
+E = cudaError
+
+
+def test_cudart_is_one_object_per_process():
+    assert hostreg.cudart() is hostreg.cudart()
+    assert hostreg.cudart().cudaError is cudaError
+
+
+def test_cudaerror_behaves_like_torchs_and_reads_well():
+    r = E.cudaErrorHostMemoryAlreadyRegistered
+    assert int(r) == 712 and r.value == 712 and r == 712 and r != 0
+    assert E(0) == E.success == 0 and E.success is E.cudaSuccess
+    assert str(r) == "cudaErrorHostMemoryAlreadyRegistered (712)"
+    assert f"{r}" == str(r) and f"{E.success}" == "cudaSuccess (0)"
+    assert f"{r:d}" == "712" and f"{r:>5d}" == "  712"
+    assert f"error: {E(1)}" == "error: cudaErrorInvalidValue (1)"
+
+
+def test_enum_matches_the_c_table():
+    for member in set(E):
+        assert _hostreg.error_name(member.value) == member.cuda_name
+        assert hostreg.cudart().cudaGetErrorString(member) == _hostreg.error_string(member.value)
+        assert _hostreg.error_string(member.value) != "unrecognized error code"
+    assert hostreg.cudart().cudaGetErrorString(712) == "part or all of the requested memory range is already mapped"
+    assert hostreg.cudart().cudaGetErrorName(5) == "unrecognized error code"
+
+
+def test_register_really_locks_and_unregister_unlocks(buf: Buffer):
+    rt = hostreg.cudart()
+    before = hostreg.locked_bytes()
+    assert rt.cudaHostRegister(buf.addr, buf.nbytes, 1) == E.success
+    assert hostreg.locked_bytes() - before == buf.nbytes
+    reg = hostreg.registration(buf.addr + 5)
+    assert reg == hostreg.Registration(buf.addr, buf.nbytes, hostreg.HostRegisterFlags.Portable, buf.addr, "posix")
+    assert hostreg.host_get_flags(buf.addr + 100) == (E.success, hostreg.HostRegisterFlags.Portable)
+    assert hostreg.host_get_device_pointer(buf.addr + 100) == (E.success, buf.addr + 100)
+    assert rt.cudaHostUnregister(buf.addr) == E.success
+    assert hostreg.locked_bytes() == before
+    assert hostreg.registration(buf.addr) is None
+
+
+def test_register_keeps_contents(buf: Buffer):
+    buf.map[:] = bytes(range(256)) * (buf.nbytes // 256)
+    assert hostreg.host_register(buf.addr + 3, buf.nbytes - 3) == E.success
+    assert buf.map[:] == bytes(range(256)) * (buf.nbytes // 256)
+    assert hostreg.host_unregister(buf.addr + 3) == E.success
+
+
+@pytest.mark.parametrize(
+    "offset, nbytes, flags, code",
+    [
+        (None, PAGE, 0, E.cudaErrorInvalidValue),  # NULL pointer
+        (0, 0, 0, E.cudaErrorInvalidValue),  # 0 bytes
+        (0, PAGE, 0x10, E.cudaErrorInvalidValue),  # unknown flag bit
+        (0, PAGE, 0x80000000, E.cudaErrorInvalidValue),
+        (0, PAGE, 0x4, E.cudaErrorNotSupported),  # IoMemory: posix cannot honour it
+    ],
+)
+def test_register_refusals(buf: Buffer, offset, nbytes, flags, code):
+    ptr = 0 if offset is None else buf.addr + offset
+    assert hostreg.host_register(ptr, nbytes, flags) == code
+    err = hostreg.last_error()
+    assert err.code == code and err.message
+    assert hostreg.stats().registrations == 0
+
+
+def test_wraparound_and_unmapped_memory():
+    assert hostreg.host_register(2**64 - PAGE, 2 * PAGE) == E.cudaErrorInvalidValue
+    assert "wraps" in hostreg.last_error().message
+    b = Buffer(4 * PAGE)
+    addr = b.addr
+    b.close()  # unmapped now
+    assert hostreg.host_register(addr, PAGE) == E.cudaErrorInvalidValue
+    err = hostreg.last_error()
+    assert "not (fully) mapped" in err.message and err.native == 12  # ENOMEM
+
+
+def test_overlap_and_unregister_rules(buf: Buffer):
+    a = buf.addr + 100
+    assert hostreg.host_register(a, 1000) == E.success
+    for ptr, n in [(a, 1000), (a - 50, 100), (a + 999, 10), (a + 10, 10), (a - 10, 2000)]:
+        assert hostreg.host_register(ptr, n) == E.cudaErrorHostMemoryAlreadyRegistered, (ptr - a, n)
+    assert "overlaps" in hostreg.last_error().message
+    assert hostreg.host_register(a + 1000, 10) == E.success  # adjacent, shares a page
+    assert hostreg.host_unregister(a + 1) == E.cudaErrorHostMemoryNotRegistered
+    assert hostreg.host_unregister(buf.addr) == E.cudaErrorHostMemoryNotRegistered
+    assert hostreg.host_unregister(a) == E.success
+    assert hostreg.host_unregister(a) == E.cudaErrorHostMemoryNotRegistered
+    assert hostreg.host_unregister(a + 1000) == E.success
+
+
+def test_bad_python_arguments_raise_naming_the_argument(buf: Buffer):
+    rt = hostreg.cudart()
+    with pytest.raises(TypeError, match="ptr must be an int"):
+        rt.cudaHostRegister("0x10", 10, 0)
+    with pytest.raises(TypeError, match="nbytes must be an int, not float"):
+        rt.cudaHostRegister(buf.addr, 1.5, 0)
+    with pytest.raises(ValueError, match="ptr must be in"):
+        rt.cudaHostUnregister(-1)
+    with pytest.raises(ValueError, match="flags must be in"):
+        rt.cudaHostRegister(buf.addr, 10, 2**32)
+    assert hostreg.stats().registrations == 0
+
+
+def test_calls_without_a_device_say_not_supported():
+    rt = hostreg.cudart()
+    assert rt.cudaProfilerStart() == E.cudaErrorNotSupported
+    assert rt.cudaProfilerStop() == E.cudaErrorNotSupported
+    assert rt.cudaStreamCreate(0) == E.cudaErrorNotSupported
+    assert rt.cudaStreamDestroy(0) == E.cudaErrorNotSupported
+    with pytest.raises(RuntimeError, match="cudaErrorNotSupported"):
+        rt.cudaMemGetInfo(0)
+    assert not hasattr(rt, "cudaOutputMode")  # torch.cuda.profiler.init checks for it (CUDA < 12 only)
+
+
+def test_threads_register_disjoint_slots_concurrently():
+    b = Buffer(256 * PAGE)
+    slot = b.nbytes // 64 - 7  # slots are not page-aligned: neighbours share pages
+    before = hostreg.locked_bytes()
+    codes: list[int] = []
+
+    def work(i: int) -> None:
+        for _ in range(50):
+            codes.append(hostreg.host_register(b.addr + i * slot, slot))
+            codes.append(hostreg.host_unregister(b.addr + i * slot))
+        codes.append(hostreg.host_register(b.addr + i * slot, slot))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(codes) == {0}
+    assert hostreg.stats().registrations == 64
+    assert hostreg.locked_bytes() - before >= 64 * slot
+    for i in range(64):
+        assert hostreg.host_unregister(b.addr + i * slot) == E.success
+    assert hostreg.locked_bytes() == before
+    b.close()

@@ -1,0 +1,87 @@
+"""`hostreg stage`, the main job, run as a user runs it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import low_memlock
+
+HOSTREG = str(Path(sys.executable).parent / "hostreg")  # the console script
+
+
+def stage(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*prefix, HOSTREG, "stage", *args], capture_output=True, text=True, timeout=600, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}
+    )
+
+
+def row(out: str, name: str) -> str:
+    m = re.search(rf"{re.escape(name)}\s*│\s*(.*?)\s*│", out)
+    assert m, f"no row {name!r} in:\n{out}"
+    return m.group(1)
+
+
+def test_default_model_stages_and_verifies():
+    r = stage()
+    assert r.returncode == 0, r.stderr
+    assert row(r.stdout, "backend") == "posix"
+    assert row(r.stdout, "tensors (registered)") == "148 (148)"
+    staged = int(row(r.stdout, "bytes staged").split()[0].replace(",", ""))
+    locked = int(row(r.stdout, "bytes locked (VmLck rise)").split()[0].replace(",", ""))
+    assert staged == 124_439_808 * 4  # GPT-2 small: 124.4 M fp32 parameters
+    assert locked >= staged
+    assert row(r.stdout, "values verified") == "yes"
+    assert row(r.stdout, "unregistered on release") == "yes"
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_checkpoint_files(tmp_path: Path, suffix: str):
+    sd = {"a": torch.randn(100, 3), "b": torch.arange(7, dtype=torch.int64), "c": torch.ones(2, dtype=torch.bfloat16)}
+    path = tmp_path / f"ckpt{suffix}"
+    if suffix == ".pt":
+        torch.save(sd, path)
+    else:
+        from safetensors.torch import save_file
+
+        save_file(sd, str(path))
+    r = stage("--checkpoint", str(path))
+    assert r.returncode == 0, r.stderr
+    assert row(r.stdout, "tensors (registered)") == "3 (3)"
+    assert row(r.stdout, "bytes staged").startswith("1,260 ")  # 1200 + 56 + 4
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("missing.pt", None, "does not exist"),
+        ("weights.npz", b"x", "unknown format '.npz'"),
+        ("empty.pt", "empty", "holds no state dict of tensors"),
+    ],
+)
+def test_bad_checkpoints_fail_clearly(tmp_path: Path, name, content, message):
+    path = tmp_path / name
+    if content == "empty":
+        torch.save({"x": 1}, path)
+    elif content is not None:
+        path.write_bytes(content)
+    r = stage("--checkpoint", str(path))
+    assert r.returncode == 1
+    assert message in r.stderr and "staging failed" in r.stderr
+
+
+def test_memlock_limit_fails_with_the_reason():
+    # A container's default: RLIMIT_MEMLOCK 8192 KiB and no CAP_IPC_LOCK.
+    r = stage(prefix=low_memlock(8192))
+    assert r.returncode == 1
+    assert "RLIMIT_MEMLOCK (8192 KiB" in r.stderr and "cudaErrorMemoryAllocation (2)" in r.stderr
+
+
+def test_usage_errors_exit_2():
+    r = stage("--model", "nope")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
