@@ -62,8 +62,9 @@ struct Cuda {
 Status failure(const Api& api, const char* call, CUresult r) {
     const char* name = nullptr;
     const char* text = nullptr;
-    if (api.cuGetErrorName(r, &name) != 0 || !name) name = "unknown CUresult";
-    if (api.cuGetErrorString(r, &text) != 0 || !text) text = "";
+    // A stub driver cannot name its own codes: fall back to hostreg's names (same numbers).
+    if (api.cuGetErrorName(r, &name) != 0 || !name) name = error_name(mirror_cuda(r));
+    if (api.cuGetErrorString(r, &text) != 0 || !text) text = error_string(mirror_cuda(r));
     return Status::error(mirror_cuda(r),
                          std::string(call) + " failed: " + name + " (" + std::to_string(r) + "): " + text, r);
 }

@@ -16,10 +16,6 @@
 
 namespace hrtest {
 
-// The suite tests the posix backend (mlock, VmLck, 801 for IoMemory), even where an
-// accelerator runtime would be chosen by "auto": pin it before the first hostreg call.
-inline const bool kPinnedPosix = (setenv("HOSTREG_BACKEND", "posix", 1) == 0);
-
 inline size_t page() {
     static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     return p;

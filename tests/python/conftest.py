@@ -7,6 +7,7 @@ import ctypes
 import gc
 import mmap
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -66,3 +67,10 @@ def run_python(code: str, *prefix: str, env: dict[str, str] | None = None, timeo
 # set at exec) and set RLIMIT_MEMLOCK to 8192 KiB, the default of containers.
 def low_memlock(kib: int = 8192) -> tuple[str, ...]:
     return ("prlimit", f"--memlock={kib * 1024}:{kib * 1024}", "setpriv", "--bounding-set=-ipc_lock", "--")
+
+
+def table_row(out: str, name: str) -> str:
+    """The value of row `name` in a table printed by the hostreg CLI (rich box drawing)."""
+    m = re.search(rf"{re.escape(name)}\s*│\s*(.*?)\s*│", out)
+    assert m, f"no row {name!r} in:\n{out}"
+    return m.group(1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 from conftest import low_memlock
+from conftest import table_row as row
 
 HOSTREG = str(Path(sys.executable).parent / "hostreg")  # the console script
 
@@ -19,12 +19,6 @@ def stage(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProce
     return subprocess.run(
         [*prefix, HOSTREG, "stage", *args], capture_output=True, text=True, timeout=600, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}
     )
-
-
-def row(out: str, name: str) -> str:
-    m = re.search(rf"{re.escape(name)}\s*│\s*(.*?)\s*│", out)
-    assert m, f"no row {name!r} in:\n{out}"
-    return m.group(1)
 
 
 def test_default_model_stages_and_verifies():
