@@ -125,6 +125,45 @@ HOSTREG_API int hostregGetLastError(long long* native_code, const char** message
  * HOSTREG_BACKEND=none or selection failed (see hostregGetLastError). */
 HOSTREG_API const char* hostregBackendName(void);
 
+/* ---- Arenas: one region (a whole state dict's staging memory) registered as a unit ---- */
+
+typedef struct hostregArena hostregArena;
+
+/* Creates an unnamed shared-memory file of `bytes` bytes for staging and stores its
+ * descriptor (close-on-exec; the caller owns it) in *fd: O_TMPFILE in /dev/shm (or
+ * $HOSTREG_SHM_DIR), mode 0600, so it has no name to guess and vanishes with its last
+ * descriptor; memfd_create where that is impossible. Every page is reserved (fallocate), so a
+ * full /dev/shm answers 2 (cudaErrorMemoryAllocation) here, with a message naming it, its
+ * size, its free bytes and the bytes needed, never a SIGBUS at a later write. Nothing is
+ * left behind on failure. Returns 0, 1 (0 bytes, NULL fd) or 2. */
+HOSTREG_API int hostregSharedMemoryCreate(size_t bytes, int* fd);
+
+/* Populates the pages of [ptr, ptr + bytes) inside the kernel without changing a byte
+ * (MADV_POPULATE_WRITE, Linux 5.14; skipped on older kernels). Returns 0, 1 (NULL or 0
+ * bytes) or 2 (out of memory, or shared memory full). */
+HOSTREG_API int hostregPrepareMemory(void* ptr, size_t bytes);
+
+/* Registers [ptr, ptr + bytes) as page-aligned chunks of at most max_chunk_bytes (0: the
+ * backend's cap, e.g. 256 GiB for CUDA, whose driver r580+ refuses 512 GiB or more in one
+ * registration), each an ordinary registration. On success *arena owns them; on failure
+ * none stays registered and the first failing chunk's code is returned (as
+ * hostregHostRegister's). */
+HOSTREG_API int hostregArenaRegister(void* ptr, size_t bytes, unsigned int flags, size_t max_chunk_bytes,
+                                     hostregArena** arena);
+
+/* Unregisters every chunk of the arena and frees the handle (always, even on failure).
+ * Returns 0, or the first chunk's failure code. NULL answers 1. */
+HOSTREG_API int hostregArenaUnregister(hostregArena* arena);
+
+/* Number of registrations (chunks) the arena holds. */
+HOSTREG_API size_t hostregArenaChunkCount(const hostregArena* arena);
+
+/* Copies n buffers (memcpy(dst[i], src[i], bytes[i])) using up to `threads` threads (0: one
+ * per hardware thread) when the total is large enough to gain; for re-staging a state dict
+ * into its arena. Buffers must not overlap. Returns 0, or 1 when n > 0 and an array is NULL. */
+HOSTREG_API int hostregCopyBatch(void* const* dst, const void* const* src, const size_t* bytes, size_t n,
+                                 unsigned int threads);
+
 /* Names of the backends compiled in, in the order HOSTREG_BACKEND=auto tries them
  * ("cuda", "hip", "acl", "musa", "posix"), NULL-terminated. Static storage. */
 HOSTREG_API const char* const* hostregBackendNames(void);

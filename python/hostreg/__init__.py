@@ -15,7 +15,7 @@ Main entry points:
 from __future__ import annotations
 
 from ._cudart import CudaRuntime, cudart
-from ._errors import cudaError
+from ._errors import StagingError, cudaError
 from ._core import (
     HostRegisterFlags,
     Registration,
@@ -37,6 +37,7 @@ __all__ = [
     "CudaRuntime",
     "HostRegisterFlags",
     "Registration",
+    "StagingError",
     "backend",
     "cudaError",
     "cudart",

@@ -45,3 +45,8 @@ class cudaError(enum.IntEnum):  # noqa: N801 -- CUDA's and torch's name
         if spec and spec[-1] in "bcdoxXn":
             return int.__format__(self.value, spec)
         return format(str(self), spec)
+
+
+class StagingError(RuntimeError):
+    """Staging could not be done or verified; the message names the cause and the limit
+    (``RLIMIT_MEMLOCK``, ``/dev/shm`` size, ...). Nothing is left allocated or locked."""

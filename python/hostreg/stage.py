@@ -17,11 +17,8 @@ from typing import Any, Iterator
 import torch
 
 from . import _core, _proc
+from ._errors import StagingError
 from . import torch as hostreg_torch
-
-
-class StagingError(RuntimeError):
-    """Staging could not be done or could not be verified; the message says why."""
 
 
 @dataclass

@@ -1,4 +1,10 @@
-"""Make ``torch.cuda.cudart()`` work where CUDA is absent, with real page-locking.
+"""hostreg for PyTorch: the ``torch.cuda.cudart()`` drop-in and fast state-dict staging.
+
+Staging (:func:`create_cpu_state_dict`, :func:`copy_state_dict`, :class:`Stager`,
+:class:`Arena`) puts a whole state dict in one shared, registered arena; see
+``hostreg/_staging.py``.
+
+The drop-in makes ``torch.cuda.cudart()`` work where CUDA is absent, with real page-locking.
 
 PyTorch's shared+pinned state-dict path (``_create_cpu_state_dict(..., share_memory=True,
 pin_memory=True)``, DCP staging) calls ``torch.cuda.cudart().cudaHostRegister(ptr, size, 1)``
@@ -18,6 +24,20 @@ from typing import Any, Callable
 
 from . import _core
 from ._cudart import cudart as _hostreg_cudart
+from ._stager import StagedDict, Stager
+from ._staging import ALIGNMENT, Arena, copy_state_dict, create_cpu_state_dict
+
+__all__ = [
+    "ALIGNMENT",
+    "Arena",
+    "StagedDict",
+    "Stager",
+    "copy_state_dict",
+    "create_cpu_state_dict",
+    "install",
+    "is_installed",
+    "uninstall",
+]
 
 # AssertionError messages of torch.cuda._lazy_init that mean "no CUDA runtime here".
 _NO_CUDA = ("Torch not compiled with CUDA enabled", "libcudart functions unavailable")

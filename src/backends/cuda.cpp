@@ -18,6 +18,7 @@
 // driver decides (ReadOnly without device attribute 113 answers 801). CUresult numbers
 // mirror cudaError's for every code used here.
 #include <mutex>
+#include <cstdint>
 #include <string>
 
 #include "backends/dynlib.hpp"
@@ -30,6 +31,10 @@ using CUresult = int;
 using CUdevice = int;
 using CUcontext = struct CUctx_st*;
 using CUdeviceptr = unsigned long long;
+
+// Driver r580 and later refuse one registration of 512 GiB or more (page-table size cap;
+// vendor-abi.md, from xcena-dev/maru #64 and LMCache PR #5177): arenas split below that.
+constexpr size_t kMaxRegistration = size_t{256} << 30;
 
 #define HOSTREG_CUDA_SYMBOLS(REQUIRED, OPTIONAL)                                  \
     REQUIRED(cuInit, CUresult, (unsigned))                                        \
@@ -146,6 +151,7 @@ extern const Backend kCudaBackend = {
     /*name=*/"cuda",
     /*locks=*/"CUDA driver registration (cuMemHostRegister): page-locked and DMA-mapped for NVIDIA GPUs",
     /*supported=*/HOSTREG_HOST_REGISTER_ALL_FLAGS,
+    /*max_registration=*/kMaxRegistration,
     /*probe=*/cuda_probe,
     /*describe=*/cuda_describe,
     /*host_register=*/cuda_register,

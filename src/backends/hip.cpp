@@ -10,6 +10,7 @@
 // silently change the memory's coherence: hostreg accepts ReadOnly (a hint that the device
 // only reads, always safe to drop) and never passes the bit. Codes mirror CUDA's. The device
 // address may differ from the host address: it is asked for with hipHostGetDevicePointer.
+#include <cstdint>
 #include <string>
 
 #include "backends/dynlib.hpp"
@@ -94,6 +95,7 @@ extern const Backend kHipBackend = {
     /*name=*/"hip",
     /*locks=*/"HIP registration (hipHostRegister): page-locked and DMA-mapped for AMD GPUs",
     /*supported=*/HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED | HOSTREG_HOST_REGISTER_READ_ONLY,
+    /*max_registration=*/SIZE_MAX,
     /*probe=*/hip_probe,
     /*describe=*/hip_describe,
     /*host_register=*/hip_register,

@@ -4,6 +4,7 @@
 // flag bits, musaHostUnregister, musaHostGetDevicePointer, and (expected, *unconfirmed* in
 // vendor-abi.md "Moore Threads MUSA") CUDA's error numbers. So flags pass through, and codes
 // hostreg knows keep their number; anything else becomes 999 with the native code kept.
+#include <cstdint>
 #include <string>
 
 #include "backends/dynlib.hpp"
@@ -87,6 +88,7 @@ extern const Backend kMusaBackend = {
     /*name=*/"musa",
     /*locks=*/"MUSA registration (musaHostRegister): page-locked and DMA-mapped for Moore Threads GPUs",
     /*supported=*/HOSTREG_HOST_REGISTER_ALL_FLAGS,
+    /*max_registration=*/SIZE_MAX,
     /*probe=*/musa_probe,
     /*describe=*/musa_describe,
     /*host_register=*/musa_register,

@@ -188,6 +188,7 @@ extern const Backend kPosixBackend = {
     /*locks=*/"OS page-locking with mlock(2): resident and locked, not DMA-registered with any device",
     /*supported=*/HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED |
         HOSTREG_HOST_REGISTER_READ_ONLY,
+    /*max_registration=*/SIZE_MAX,
     /*probe=*/posix_probe,
     /*describe=*/posix_describe,
     /*host_register=*/posix_register,

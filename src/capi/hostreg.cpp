@@ -2,6 +2,8 @@
 // converts arguments and records failures for hostregGetLastError.
 #include "hostreg/hostreg.h"
 
+#include "core/arena.hpp"
+#include "core/copy.hpp"
 #include "core/registry.hpp"
 
 using hostreg::record;
@@ -108,6 +110,40 @@ const char* hostregBackendName(void) {
         return "none";
     }
     return b->name;
+}
+
+int hostregSharedMemoryCreate(size_t bytes, int* fd) { return record(hostreg::create_shared_memory(bytes, fd)); }
+
+int hostregPrepareMemory(void* ptr, size_t bytes) { return record(hostreg::prepare_memory(ptr, bytes)); }
+
+// The C handle is the C++ arena.
+struct hostregArena : hostreg::Arena {};
+
+int hostregArenaRegister(void* ptr, size_t bytes, unsigned int flags, size_t max_chunk_bytes, hostregArena** arena) {
+    if (arena == nullptr) return null_out("arena");
+    auto* a = new hostregArena();
+    Status s = a->register_range(ptr, bytes, flags, max_chunk_bytes);
+    if (!s.is_ok()) {
+        delete a;
+        a = nullptr;
+    }
+    *arena = a;
+    return record(s);
+}
+
+int hostregArenaUnregister(hostregArena* arena) {
+    if (arena == nullptr) return null_out("arena");
+    Status s = arena->unregister_all();
+    delete arena;
+    return record(s);
+}
+
+size_t hostregArenaChunkCount(const hostregArena* arena) { return arena ? arena->chunks() : 0; }
+
+int hostregCopyBatch(void* const* dst, const void* const* src, const size_t* bytes, size_t n, unsigned int threads) {
+    if (n > 0 && (!dst || !src || !bytes)) return null_out("dst, src or bytes");
+    hostreg::copy_batch(dst, src, bytes, n, threads);
+    return hostregSuccess;
 }
 
 const char* const* hostregBackendNames(void) {

@@ -18,6 +18,7 @@ struct Backend {
     const char* name;    // "posix", "cuda", ...
     const char* locks;   // what a success means, in words, for doctor and docs
     unsigned supported;  // flag bits this backend honours; others answer 801
+    size_t max_registration;  // most bytes one registration may span (arenas split above it)
 
     // Is the runtime usable here? Error status (with the reason) when not. Loads and
     // initialises the runtime on the first call; later calls answer the cached result.

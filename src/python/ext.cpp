@@ -108,6 +108,58 @@ NB_MODULE(_hostreg, m) {
         "The calling thread's last failure as (cudaError number, native code, message).");
     m.def("backend_name", &hostregBackendName, "Name of the backend in use (selecting it on first call).");
     m.def(
+        "shared_memory_create",
+        [](size_t nbytes) {
+            int fd = -1;
+            int code;
+            {
+                nb::gil_scoped_release nogil;
+                code = hostregSharedMemoryCreate(nbytes, &fd);
+            }
+            return std::make_tuple(code, fd);
+        },
+        nb::arg("nbytes"), "hostregSharedMemoryCreate: (cudaError number, fd or -1); the caller closes fd.");
+    m.def(
+        "prepare_memory",
+        [](uintptr_t ptr, size_t nbytes) {
+            nb::gil_scoped_release nogil;
+            return hostregPrepareMemory(as_ptr(ptr), nbytes);
+        },
+        nb::arg("ptr"), nb::arg("nbytes"), "hostregPrepareMemory: populate without changing bytes. Returns a cudaError number.");
+    m.def(
+        "arena_register",
+        [](uintptr_t ptr, size_t nbytes, unsigned flags, size_t max_chunk) {
+            hostregArena* arena = nullptr;
+            int code;
+            {
+                nb::gil_scoped_release nogil;
+                code = hostregArenaRegister(as_ptr(ptr), nbytes, flags, max_chunk, &arena);
+            }
+            return std::make_tuple(code, as_int(arena), hostregArenaChunkCount(arena));
+        },
+        nb::arg("ptr"), nb::arg("nbytes"), nb::arg("flags"), nb::arg("max_chunk") = 0,
+        "hostregArenaRegister: returns (cudaError number, arena handle or 0, chunk count).");
+    m.def(
+        "arena_unregister",
+        [](uintptr_t handle) {
+            nb::gil_scoped_release nogil;
+            return hostregArenaUnregister(reinterpret_cast<hostregArena*>(handle));
+        },
+        nb::arg("handle"), "hostregArenaUnregister: unregister every chunk and free the handle (use once).");
+    m.def(
+        "copy_batch",
+        [](const std::vector<uintptr_t>& dst, const std::vector<uintptr_t>& src, const std::vector<size_t>& nbytes,
+           unsigned threads) {
+            if (dst.size() != src.size() || dst.size() != nbytes.size())
+                throw nb::value_error("copy_batch: dst, src and nbytes must have the same length");
+            nb::gil_scoped_release nogil;
+            return hostregCopyBatch(reinterpret_cast<void* const*>(dst.data()),
+                                    reinterpret_cast<const void* const*>(src.data()), nbytes.data(), dst.size(),
+                                    threads);
+        },
+        nb::arg("dst"), nb::arg("src"), nb::arg("nbytes"), nb::arg("threads") = 0,
+        "hostregCopyBatch over lists of addresses and byte counts (the caller vouches for them).");
+    m.def(
         "backend_names",
         []() {
             std::vector<std::string> v;

@@ -1,0 +1,289 @@
+"""Fast staging: a whole state dict in one shared, registered arena.
+
+PyTorch's shared+pinned path (``_create_cpu_state_dict(share_memory=True, pin_memory=True)``)
+makes one shared-memory object, one file descriptor and one registration per tensor, and
+makes them again for every save (0.1-0.3 GiB/s on the project's machine,
+``shared/reference/perf-notes.md``). Here a state dict gets one torch shared storage; its
+backing store is reserved and populated up front (so a full ``/dev/shm`` raises here, not as
+a SIGBUS later), it is registered once through the active backend, and every tensor is a
+view into it. Re-staging copies into the same arena.
+
+Layout: tensors are placed in traversal order, each at an offset aligned to
+:data:`ALIGNMENT` bytes (256: any dtype's element size divides it, a cache line and AVX-512
+vector fit, and it is the alignment CUDA's allocator gives device buffers, so copy engines
+see no misaligned starts). 0-d tensors are placed too (PyTorch's path leaves them unpinned);
+empty tensors take no bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from . import _core, _hostreg
+from ._core import HostRegisterFlags
+from ._errors import StagingError
+
+ALIGNMENT = 256
+
+
+def _raise_last(what: str) -> None:
+    err = _core.last_error()
+    raise StagingError(f"{what}: {err.code}: {err.message}")
+
+
+class Arena:
+    """One torch ``UntypedStorage`` of ``nbytes`` bytes, prepared and (optionally) registered.
+
+    - ``share=True``: torch shared memory (``UntypedStorage._new_shared``), so views pass
+      through ``torch.multiprocessing`` without a copy; else ordinary CPU memory.
+    - Before anything is handed out, every page is reserved (an unnamed ``/dev/shm`` file,
+      ``hostregSharedMemoryCreate``) and populated (``hostregPrepareMemory``): a full
+      ``/dev/shm`` or memory limit raises :class:`StagingError` naming ``/dev/shm``, its size
+      and the bytes needed, never a SIGBUS later.
+    - ``pin=True``: registered through the active backend (``hostregArenaRegister``, split
+      into chunks of at most ``max_chunk_bytes``, 0 = the backend's cap) with ``flags``.
+      A failure (e.g. ``RLIMIT_MEMLOCK``) raises :class:`StagingError` with hostreg's reason.
+
+    On any failure nothing stays allocated, locked or registered. The registration is undone
+    by :meth:`close`, or when the storage and every view into it are gone.
+    """
+
+    def __init__(
+        self,
+        nbytes: int,
+        *,
+        pin: bool = True,
+        share: bool = True,
+        flags: int = HostRegisterFlags.Portable,
+        max_chunk_bytes: int = 0,
+    ) -> None:
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        self.nbytes = nbytes
+        size = max(nbytes, 1)
+        if share:
+            # An unnamed /dev/shm file with every page reserved (hostregSharedMemoryCreate):
+            # a full /dev/shm raises here. torch maps its own duplicate of the descriptor.
+            code, fd = _hostreg.shared_memory_create(size)
+            if code != 0:
+                _raise_last(f"cannot stage {nbytes:,} bytes")
+            try:
+                self.storage = torch.UntypedStorage._new_shared_fd_cpu(fd, size)
+            finally:
+                os.close(fd)
+        else:
+            self.storage = torch.UntypedStorage(size)
+        ptr = self.storage.data_ptr()
+        if _hostreg.prepare_memory(ptr, size) != 0:
+            self.storage = None  # type: ignore[assignment]
+            _raise_last(f"cannot stage {nbytes:,} bytes")
+        self.chunks = 0
+        self._finalizer: Callable[[], Any] | None = None
+        if pin:
+            code, handle, self.chunks = _hostreg.arena_register(ptr, size, int(flags), max_chunk_bytes)
+            if code != 0:
+                self.storage = None  # type: ignore[assignment]
+                _raise_last(f"cannot register {nbytes:,} bytes of staging memory")
+            # Runs once: at close(), or when the last view of the storage is gone.
+            self._finalizer = weakref.finalize(self.storage, _hostreg.arena_unregister, handle)
+
+    @property
+    def data_ptr(self) -> int:
+        return self.storage.data_ptr()
+
+    @property
+    def pinned(self) -> bool:
+        return self._finalizer is not None and self._finalizer.alive
+
+    def view(self, offset: int, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous tensor of ``shape`` and ``dtype`` at byte ``offset`` of the arena."""
+        return torch.empty(0, dtype=dtype).set_(self.storage, offset // _itemsize(dtype), shape, _contiguous_strides(shape))
+
+    def close(self) -> None:
+        """Undo the registration now (views stay valid, no longer page-locked). Idempotent."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+
+_ITEMSIZE: dict[torch.dtype, int] = {}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    n = _ITEMSIZE.get(dtype)
+    if n is None:
+        n = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return n
+
+
+def _contiguous_strides(shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+# ---- state-dict structure -------------------------------------------------------------
+
+
+def _check_tensor(path: str, t: torch.Tensor) -> None:
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        raise TypeError(
+            f"{path}: hostreg staging takes plain tensors, not {type(t).__name__} "
+            "(use PyTorch's _create_cpu_state_dict for DTensor/ShardedTensor)"
+        )
+    if t.layout != torch.strided:
+        raise TypeError(f"{path}: hostreg staging takes strided tensors, not {t.layout}")
+
+
+def _rebuild(obj: Any, leaf: Callable[[str, torch.Tensor], Any], other: Callable[[Any], Any], path: str = "") -> Any:
+    """Copy of a nested dict/list/tuple structure with tensors mapped by ``leaf`` and other
+    values by ``other``. Dict subclasses (OrderedDict) and named tuples keep their type."""
+    if isinstance(obj, torch.Tensor):
+        return leaf(path, obj)
+    if isinstance(obj, dict):
+        items = [(k, _rebuild(v, leaf, other, f"{path}.{k}" if path else str(k))) for k, v in obj.items()]
+        try:
+            return type(obj)(items)
+        except TypeError:
+            return dict(items)
+    if isinstance(obj, (list, tuple)):
+        items = [_rebuild(v, leaf, other, f"{path}.{i}" if path else str(i)) for i, v in enumerate(obj)]
+        if isinstance(obj, list):
+            return items
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return other(obj)
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    _rebuild(obj, lambda p, t: found.append(t), lambda v: v)
+    return found
+
+
+@dataclass(frozen=True)
+class _Slot:
+    offset: int
+    shape: torch.Size
+    dtype: torch.dtype
+    nbytes: int
+
+
+def _layout(state_dict: Any) -> tuple[list[_Slot], int]:
+    slots: list[_Slot] = []
+    offset = 0
+
+    def place(path: str, t: torch.Tensor) -> None:
+        nonlocal offset
+        _check_tensor(path, t)
+        nbytes = t.numel() * _itemsize(t.dtype)
+        offset = -(-offset // ALIGNMENT) * ALIGNMENT
+        slots.append(_Slot(offset, t.shape, t.dtype, nbytes))
+        offset += nbytes
+
+    _rebuild(state_dict, place, lambda v: v)
+    return slots, offset
+
+
+def signature(state_dict: Any) -> tuple:
+    """Structure of a state dict for reuse decisions: containers, keys, tensor shapes and
+    dtypes, and the types of other values."""
+
+    def sig(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return ("T", tuple(obj.shape), obj.dtype)
+        if isinstance(obj, dict):
+            return (type(obj), tuple((k, sig(v)) for k, v in obj.items()))
+        if isinstance(obj, (list, tuple)):
+            return (type(obj), tuple(sig(v) for v in obj))
+        return type(obj)
+
+    return sig(state_dict)
+
+
+# ---- public API -----------------------------------------------------------------------
+
+
+@dataclass
+class StagedStateDict:
+    """A staged copy: ``state_dict`` (same structure as the source, tensors as views into
+    ``arena``) and ``tensors`` (those views, in traversal order)."""
+
+    state_dict: Any
+    tensors: list[torch.Tensor]
+    arena: Arena
+
+
+def stage_layout(state_dict: Any, *, pin_memory: bool = True, share_memory: bool = True) -> StagedStateDict:
+    """Allocate (one arena) the staged copy of ``state_dict`` without copying values."""
+    slots, total = _layout(state_dict)
+    arena = Arena(total, pin=pin_memory, share=share_memory)
+    views = iter([arena.view(s.offset, s.shape, s.dtype) for s in slots])
+    staged = _rebuild(state_dict, lambda p, t: next(views), copy.deepcopy)
+    return StagedStateDict(staged, _tensors(staged), arena)
+
+
+def create_cpu_state_dict(state_dict: Any, pin_memory: bool = True, share_memory: bool = True) -> dict[str, Any]:
+    """hostreg's ``_create_cpu_state_dict``: same structure, one arena for every tensor.
+
+    Returns a state dict whose tensors are uninitialised, contiguous CPU tensors of the
+    source's shapes and dtypes (0-d and empty ones included), all views of one storage that
+    is shared (``share_memory``; ``is_shared()`` is true and they pass through
+    ``torch.multiprocessing`` without a copy) and registered once (``pin_memory``). Non-tensor
+    values are deep copies. Fill it with :func:`copy_state_dict` (or PyTorch's
+    ``_copy_state_dict``). The registration is undone when every tensor of it is gone.
+
+    Raises :class:`hostreg.StagingError` when the memory cannot be reserved or locked (the
+    message names the limit), ``TypeError`` for tensor types it cannot place (DTensor,
+    sparse).
+    """
+    return stage_layout(state_dict, pin_memory=pin_memory, share_memory=share_memory).state_dict
+
+
+def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
+    """Copy every tensor of ``src`` into the tensor at the same place in ``dst`` and return ``dst``.
+
+    ``dst`` has the structure of ``src`` (from :func:`create_cpu_state_dict`). Contiguous CPU
+    sources of the same dtype are copied by one parallel batch (``threads`` threads, 0 = one
+    per CPU) with the GIL released; others (strided views, other devices, other dtypes) by
+    ``Tensor.copy_``, non-blocking from accelerators, synchronised before returning.
+    Raises ``ValueError`` when the structures or a tensor's shape differ.
+    """
+    s_list, d_list = _tensors(src), _tensors(dst)
+    if len(s_list) != len(d_list):
+        raise ValueError(f"source has {len(s_list)} tensors, destination {len(d_list)}")
+    dptr: list[int] = []
+    sptr: list[int] = []
+    nbytes: list[int] = []
+    devices: set[torch.device] = set()
+    for i, (s, d) in enumerate(zip(s_list, d_list)):
+        if s.shape != d.shape:
+            raise ValueError(f"tensor {i}: source shape {tuple(s.shape)} != destination {tuple(d.shape)}")
+        if (
+            s.device.type == "cpu"
+            and s.dtype == d.dtype
+            and s.is_contiguous()
+            and d.is_contiguous()
+            and not s.is_conj()
+            and not s.is_neg()
+        ):
+            n = s.numel() * _itemsize(s.dtype)
+            if n:
+                dptr.append(d.data_ptr())
+                sptr.append(s.data_ptr())
+                nbytes.append(n)
+        else:
+            d.copy_(s, non_blocking=s.device.type != "cpu")
+            if s.device.type != "cpu":
+                devices.add(s.device)
+    _hostreg.copy_batch(dptr, sptr, nbytes, threads or len(os.sched_getaffinity(0)))
+    for dev in devices:
+        torch.get_device_module(dev).synchronize(dev)
+    return dst

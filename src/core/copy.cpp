@@ -1,0 +1,43 @@
+// copy.cpp: see copy.hpp. The total byte count is cut into equal shares, one per thread; a
+// share may begin or end inside a buffer, so one large tensor is split as well as many small
+// ones are grouped.
+#include "core/copy.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace hostreg {
+namespace {
+
+constexpr size_t kMinBytesPerThread = size_t{8} << 20;  // below this a thread costs more than it gains
+
+// Copies the bytes in [lo, hi) of the concatenation of all buffers.
+void copy_span(void* const* dst, const void* const* src, const size_t* bytes, size_t n, size_t lo, size_t hi) {
+    size_t start = 0;  // offset of buffer i in the concatenation
+    for (size_t i = 0; i < n && start < hi; start += bytes[i], ++i) {
+        const size_t end = start + bytes[i];
+        if (end <= lo) continue;
+        const size_t a = std::max(lo, start), b = std::min(hi, end);
+        std::memcpy(static_cast<char*>(dst[i]) + (a - start), static_cast<const char*>(src[i]) + (a - start), b - a);
+    }
+}
+
+}  // namespace
+
+void copy_batch(void* const* dst, const void* const* src, const size_t* bytes, size_t n, unsigned threads) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) total += bytes[i];
+    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+    threads = static_cast<unsigned>(std::min<size_t>(threads, std::max<size_t>(1, total / kMinBytesPerThread)));
+    if (threads <= 1) return copy_span(dst, src, bytes, n, 0, total);
+    const size_t share = (total + threads - 1) / threads;
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < threads; ++t)
+        pool.emplace_back(copy_span, dst, src, bytes, n, t * share, std::min(total, (t + 1) * share));
+    copy_span(dst, src, bytes, n, 0, std::min(total, share));
+    for (auto& th : pool) th.join();
+}
+
+}  // namespace hostreg
