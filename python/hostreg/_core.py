@@ -41,6 +41,8 @@ _U32 = 1 << 32
 
 
 def _uint(value: object, name: str, limit: int = _U64) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not bool")
     try:
         v = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
@@ -48,6 +50,11 @@ def _uint(value: object, name: str, limit: int = _U64) -> int:
     if not 0 <= v < limit:
         raise ValueError(f"{name} must be in [0, {limit}), got {v}")
     return v
+
+
+def _int32(value: object, name: str) -> int:
+    """A non-negative C int argument (an error code): TypeError / ValueError otherwise."""
+    return _uint(value, name, 1 << 31)
 
 
 def host_register(ptr: int, nbytes: int, flags: int = 0) -> cudaError:

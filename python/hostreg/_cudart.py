@@ -36,12 +36,12 @@ class CudaRuntime:
     @staticmethod
     def cudaGetErrorString(error: int) -> str:  # noqa: N802
         """CUDA's message for a code ("invalid argument"), or "unrecognized error code"."""
-        return _hostreg.error_string(int(error))
+        return _hostreg.error_string(_core._int32(error, "error"))
 
     @staticmethod
     def cudaGetErrorName(error: int) -> str:  # noqa: N802
         """CUDA's name for a code ("cudaErrorInvalidValue"), or "unrecognized error code"."""
-        return _hostreg.error_name(int(error))
+        return _hostreg.error_name(_core._int32(error, "error"))
 
     # The calls below need a CUDA device; hostreg has none to offer, so it says so.
     @staticmethod

@@ -64,6 +64,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
     from . import doctor
 
+    if args.bytes <= 0:
+        print(f"hostreg doctor: --bytes must be > 0, got {args.bytes}", file=sys.stderr)
+        return 2
     d = doctor.diagnose(args.bytes)
     problems = doctor.verdict(d)
     if args.json:
@@ -89,18 +92,15 @@ def _doctor(args: argparse.Namespace) -> int:
     limits.add_row("active backend", d.active + (f" ({d.active_reason})" if d.active_reason else ""))
     limits.add_row("RLIMIT_MEMLOCK (ulimit -l)", size(d.memlock_bytes))
     limits.add_row("CAP_IPC_LOCK", "held" if d.cap_ipc_lock else "not held")
+    limits.add_row("locked by this process (VmLck)", size(d.locked_bytes))
     limits.add_row("/dev/shm size / free", f"{size(d.shm_bytes)} / {size(d.shm_free_bytes)}")
     limits.add_row("open files (ulimit -n)", str(d.nofile))
     limits.add_row("transparent huge pages (anon / shmem)", f"{d.thp} / {d.thp_shmem}")
     limits.add_row("torch", d.torch or "not installed")
     limits.add_row("torch.cuda.cudart()", d.torch_cudart)
     out.print(limits, soft_wrap=True)
-    if d.active == "posix":
-        out.print(
-            "note: the posix backend page-locks with mlock(2): memory is resident and locked, "
-            "but not registered with any device's DMA engine.",
-            soft_wrap=True,
-        )
+    if d.backend_note:
+        out.print(f"note: {d.backend_note}", soft_wrap=True, highlight=False)
     if problems:
         out.print(f"[bold red]verdict: staging {d.staging_bytes:,} bytes would fail[/]", soft_wrap=True)
         for p in problems:

@@ -11,7 +11,7 @@ import resource
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import _hostreg
+from . import _hostreg, _proc
 
 DEFAULT_BYTES = 497_759_232  # the embedded default model (GPT-2 small, fp32)
 
@@ -39,6 +39,8 @@ class Diagnosis:
     thp_shmem: str  #: ... for tmpfs/shm
     torch: str | None  #: torch version, None if not installed
     torch_cudart: str  #: whether torch's own cudart() works, in words
+    locked_bytes: int = 0  #: memory this process has locked already (VmLck)
+    backend_note: str = ""  #: a caveat of the active backend, if any
     staging_bytes: int = DEFAULT_BYTES  #: the size the verdict is for
     problems: list[str] = field(default_factory=list)  #: filled by verdict()
 
@@ -79,7 +81,12 @@ def _torch_cudart() -> tuple[str | None, str]:
 
 
 def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
-    """Collect the facts ``doctor`` reports. Registers nothing."""
+    """Collect the facts ``doctor`` reports. Registers nothing.
+
+    Raises ``ValueError`` unless ``staging_bytes`` > 0.
+    """
+    if staging_bytes <= 0:
+        raise ValueError(f"staging bytes must be > 0, got {staging_bytes}")
     backends = []
     for name in _hostreg.backend_names():
         code, detail = _hostreg.probe_backend(name)
@@ -109,8 +116,25 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
         thp_shmem=_thp("/sys/kernel/mm/transparent_hugepage/shmem_enabled"),
         torch=torch_version,
         torch_cudart=torch_cudart,
+        locked_bytes=_proc.locked_bytes(),
+        backend_note=_backend_note(active, backends),
         staging_bytes=staging_bytes,
     )
+
+
+def _backend_note(active: str, backends: list[BackendReport]) -> str:
+    if active == "posix":
+        return (
+            "the posix backend page-locks with mlock(2): memory is resident and locked, "
+            "but not registered with any device's DMA engine."
+        )
+    detail = next((b.detail for b in backends if b.name == active), "")
+    if active == "acl" and "V1 aclrtHostRegister only" in detail:
+        return (
+            "this CANN has only V1 aclrtHostRegister: only page-aligned memory registers (64 KiB "
+            "alignment is reported in practice); PyTorch's per-tensor path may fail; CANN 8.5+ lifts this."
+        )
+    return ""
 
 
 def verdict(d: Diagnosis) -> list[str]:
@@ -119,14 +143,19 @@ def verdict(d: Diagnosis) -> list[str]:
     Each names the limit and the fix. Also stored in ``d.problems``.
     """
     need = d.staging_bytes
+    # Locking works in whole pages, and PyTorch's per-tensor path rounds every tensor up to
+    # pages: allow one page per 64 KiB on top, plus what this process has locked already.
+    page = os.sysconf("SC_PAGESIZE")
+    lock_need = -(-need // page) * page + -(-need // 65536) * page + d.locked_bytes
     problems = []
     if d.active == "none":
         problems.append(f"no backend is usable: {d.active_reason}")
-    if d.active == "posix" and not d.cap_ipc_lock and d.memlock_bytes is not None and d.memlock_bytes < need:
+    if d.active == "posix" and not d.cap_ipc_lock and d.memlock_bytes is not None and d.memlock_bytes < lock_need:
         problems.append(
             f"RLIMIT_MEMLOCK is {d.memlock_bytes // 1024} KiB and CAP_IPC_LOCK is not held: locking "
-            f"{need:,} bytes will fail with cudaErrorMemoryAllocation; run `ulimit -l unlimited` "
-            "(docker: --ulimit memlock=-1) or grant CAP_IPC_LOCK"
+            f"{need:,} bytes (about {lock_need:,} in whole pages, with what is locked already) will fail "
+            "with cudaErrorMemoryAllocation; run `ulimit -l unlimited` (docker: --ulimit memlock=-1) or "
+            "grant CAP_IPC_LOCK"
         )
     if d.shm_free_bytes is not None and d.shm_free_bytes < need:
         problems.append(

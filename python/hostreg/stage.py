@@ -51,30 +51,42 @@ def iter_tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a state dict from a ``.safetensors`` file or a ``torch.save`` file (``.pt``,
-    ``.pth``, ``.bin``; loaded with ``weights_only=True``).
+    ``.pth``, ``.bin``; loaded with ``weights_only=True``, so only tensors and plain
+    containers, never pickled code such as a whole ``nn.Module``).
 
-    A ``torch.save``\\ d module gives its ``state_dict()``. Raises ``StagingError`` for a
-    missing file, an unknown suffix, a file that holds no tensors, or a missing
-    ``safetensors`` package.
+    Raises ``StagingError`` naming the file for a missing or unreadable file, an unknown
+    suffix, a corrupt file, one that holds no tensors, or a missing ``safetensors`` package.
     """
     p = Path(path)
     if not p.is_file():
         raise StagingError(f"checkpoint {p} does not exist or is not a file")
+    if p.suffix not in (".safetensors", ".pt", ".pth", ".bin"):
+        raise StagingError(f"checkpoint {p}: unknown format {p.suffix!r} (use .safetensors, .pt, .pth or .bin)")
     if p.suffix == ".safetensors":
         try:
             from safetensors.torch import load_file
         except ImportError:
             raise StagingError("reading .safetensors needs the safetensors package: pip install safetensors") from None
-        sd: Any = load_file(str(p), device="cpu")
-    elif p.suffix in (".pt", ".pth", ".bin"):
-        sd = torch.load(p, map_location="cpu", weights_only=True)
-    else:
-        raise StagingError(f"checkpoint {p}: unknown format {p.suffix!r} (use .safetensors, .pt, .pth or .bin)")
-    if isinstance(sd, torch.nn.Module):
-        sd = sd.state_dict()
+    try:
+        if p.suffix == ".safetensors":
+            sd: Any = load_file(str(p), device="cpu")
+        else:
+            sd = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 -- any reader failure means "cannot read this file"
+        hint = " (a whole nn.Module cannot be loaded safely: save its state_dict())" if "Unsupported global" in str(e) else ""
+        raise StagingError(f"cannot read checkpoint {p}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{hint}") from e
     if not isinstance(sd, dict) or not any(True for _ in iter_tensors(sd)):
         raise StagingError(f"checkpoint {p} holds no state dict of tensors")
     return sd
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bytes (so NaNs compare equal, unlike ``torch.equal``)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
 def _pinned(t: torch.Tensor) -> bool:
@@ -94,7 +106,7 @@ def _verify(source: dict[str, Any], staged: dict[str, Any]) -> tuple[list[str], 
         d = dst.get(key)
         if d is None:
             continue
-        if not torch.equal(s, d):
+        if not same_bytes(s, d):
             problems.append(f"{key}: staged values differ from the source")
         if _pinned(d):
             pinned += 1
@@ -125,9 +137,10 @@ def stage_with_torch(state_dict: dict[str, Any]) -> StageReport:
     try:
         staged = _create_cpu_state_dict(state_dict, pin_memory=True, share_memory=True)
     except RuntimeError as e:
-        err = _core.last_error()
         gc.collect()  # drop the tensors already made; their finalizers unregister them
-        raise StagingError(f"{e}\nhostreg: {err.code}: {err.message}") from e
+        # PyTorch's message carries only the code; hostreg's reason is in last_error().
+        reason = f"\nhostreg: {_core.last_error().code}: {_core.last_error().message}" if "cudaError" in str(e) else ""
+        raise StagingError(f"{e}{reason}") from e
     t1 = time.perf_counter()
     _copy_state_dict(state_dict, staged)
     t2 = time.perf_counter()

@@ -15,6 +15,7 @@
 // enforces it), so only the first and last page of a registration can be shared; pages in
 // between belong to it alone. Those edge pages are reference-counted here; interior pages
 // are locked and unlocked without any lock held.
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -30,14 +31,10 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/memory_map.hpp"
 
 namespace hostreg {
 namespace {
-
-uintptr_t page_size() {
-    static const uintptr_t p = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    return p;
-}
 
 // Does this process hold CAP_IPC_LOCK (bit 14 of CapEff)?
 bool has_cap_ipc_lock() {
@@ -52,26 +49,18 @@ bool has_cap_ipc_lock() {
     return false;
 }
 
-// Is every page of [first, first + len) mapped? mincore answers ENOMEM for a hole.
-bool fully_mapped(uintptr_t first, size_t len) {
-    const size_t chunk_pages = 4096;
-    std::vector<unsigned char> vec(chunk_pages);
-    for (size_t off = 0; off < len; off += chunk_pages * page_size()) {
-        size_t n = std::min(len - off, chunk_pages * page_size());
-        if (mincore(reinterpret_cast<void*>(first + off), n, vec.data()) != 0) return false;
-    }
-    return true;
-}
-
 // The Status for a failed mlock of [first, first+len), explaining the cause.
 Status lock_failure(int err, uintptr_t first, size_t len) {
     char range[64];
     std::snprintf(range, sizeof range, "0x%zx+%zu", static_cast<size_t>(first), len);
     std::string what = std::string("mlock(") + range + ") failed: " + std::strerror(err);
     if (err == ENOMEM) {
-        if (!fully_mapped(first, len))
+        if (!range_mapped(first, len))
             return Status::error(hostregErrorInvalidValue,
                                  what + ": the range is not (fully) mapped memory", err);
+        if (range_has_no_access_pages(first, len))
+            return Status::error(hostregErrorInvalidValue,
+                                 what + ": the range includes pages with no access (PROT_NONE)", err);
         struct rlimit rl {};
         getrlimit(RLIMIT_MEMLOCK, &rl);
         if (!has_cap_ipc_lock() && rl.rlim_cur != RLIM_INFINITY)
@@ -100,7 +89,16 @@ struct EdgePages {
     std::unordered_map<uintptr_t, unsigned> refs;
 };
 EdgePages& edges() {
-    static EdgePages* e = new EdgePages();
+    static EdgePages* e = [] {
+        auto* p = new EdgePages();
+        // A forked child inherits no memory lock (mlock(2)): it starts with no edge page held.
+        pthread_atfork([] { edges().mu.lock(); }, [] { edges().mu.unlock(); },
+                       [] {
+                           edges().refs.clear();
+                           edges().mu.unlock();
+                       });
+        return p;
+    }();
     return *e;
 }
 
@@ -145,25 +143,25 @@ Status posix_register(void* ptr, size_t bytes, unsigned /*flags*/, void** device
     const Pages p = pages_of(ptr, bytes);
     if (p.interior_len() && mlock(reinterpret_cast<void*>(p.interior()), p.interior_len()) != 0) {
         const int err = errno;
-        // Linux has locked the mapped pages before a hole when it answers ENOMEM: undo that.
-        munlock(reinterpret_cast<void*>(p.interior()), p.interior_len());
+        // Linux locks the mapped pages before a hole, then answers ENOMEM: undo that (the
+        // registry checked the range was mapped, so a hole means it was unmapped meanwhile).
+        // Other failures (RLIMIT_MEMLOCK) lock nothing, and the caller's own locks stay.
+        if (!range_mapped(p.interior(), p.interior_len()))
+            munlock(reinterpret_cast<void*>(p.interior()), p.interior_len());
         return lock_failure(err, p.interior(), p.interior_len());
     }
     {
         std::lock_guard<std::mutex> g(edges().mu);
         for (uintptr_t pg : {p.first, p.last}) {
-            unsigned& refs = edges().refs[pg];
-            if (refs == 0 && mlock(reinterpret_cast<void*>(pg), page_size()) != 0) {
+            // Locked even when another registration already holds the page: mlock is
+            // idempotent, and that holder may be stale (memory unmapped while registered).
+            if (mlock(reinterpret_cast<void*>(pg), page_size()) != 0) {
                 const int err = errno;
-                edges().refs.erase(pg);
-                if (pg == p.last && p.last != p.first) {  // undo the first page
-                    Pages only_first{p.first, p.first};
-                    release_edges(only_first);
-                }
+                if (pg == p.last && p.last != p.first) release_edges(Pages{p.first, p.first});
                 if (p.interior_len()) munlock(reinterpret_cast<void*>(p.interior()), p.interior_len());
                 return lock_failure(err, pg, page_size());
             }
-            ++refs;
+            ++edges().refs[pg];
             if (p.first == p.last) break;
         }
     }

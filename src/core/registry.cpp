@@ -1,7 +1,11 @@
 // registry.cpp: see registry.hpp for the rules.
 #include "core/registry.hpp"
 
-#include <unistd.h>
+#include "core/memory_map.hpp"
+
+#include <pthread.h>
+
+#include <cerrno>
 
 #include <cstdio>
 #include <string>
@@ -18,8 +22,19 @@ std::string hex(uintptr_t p) {
 }  // namespace
 
 Registry& Registry::instance() {
-    static Registry* r = new Registry();  // intentionally leaked: usable during exit
+    static Registry* r = [] {
+        auto* reg = new Registry();  // intentionally leaked: usable during exit
+        pthread_atfork([] { instance().mu_.lock(); }, [] { instance().mu_.unlock(); },
+                       [] { instance().after_fork_in_child(); });
+        return reg;
+    }();
     return *r;
+}
+
+void Registry::after_fork_in_child() {
+    for (const auto& [base, e] : map_) inherited_.insert(base);
+    map_.clear();
+    mu_.unlock();  // locked by the prepare handler in the (now only) forking thread
 }
 
 std::map<uintptr_t, Registry::Entry>::const_iterator Registry::overlapping(uintptr_t lo,
@@ -45,6 +60,11 @@ Status Registry::host_register(void* ptr, size_t bytes, unsigned flags) {
         return Status::error(hostregErrorInvalidValue,
                              "unknown flag bits " + hex(flags & ~HOSTREG_HOST_REGISTER_ALL_FLAGS) +
                                  " (known: Portable 0x1, Mapped 0x2, IoMemory 0x4, ReadOnly 0x8)");
+    // Checked here, not left to each runtime (they answer 1, 2 or crash differently).
+    if (!range_mapped(lo, bytes))
+        return Status::error(hostregErrorInvalidValue,
+                             "range " + hex(lo) + "+" + std::to_string(bytes) + " is not (fully) mapped memory",
+                             ENOMEM);  // what mincore(2) answered
     Status why;
     const Backend* be = active_backend(&why);
     if (be == nullptr) return why;
@@ -84,6 +104,7 @@ Status Registry::host_unregister(void* ptr) {
     {
         std::lock_guard<std::mutex> g(mu_);
         auto it = map_.find(base);
+        if (it == map_.end() && inherited_.erase(base)) return Status::ok();  // see registry.hpp
         if (it == map_.end() || it->second.state != State::Live) {
             auto inside = overlapping(base, base + 1);
             std::string why = "pointer " + hex(base) + " is not the base of a live registration";
@@ -125,7 +146,7 @@ std::vector<Registration> Registry::list() const {
 }
 
 Registry::Stats Registry::stats() const {
-    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t page = page_size();
     Stats st;
     uintptr_t covered_to = 0;  // end of the last page already counted
     std::lock_guard<std::mutex> g(mu_);

@@ -7,6 +7,10 @@
 //               the range is registered (or being registered or released by another
 //               thread); 801 for flags the backend cannot honour; else the backend's answer.
 //   unregister: 713 unless ptr is the base of a live registration.
+// After fork(2) the child holds no registration: memory locks are not inherited and vendor
+// contexts do not survive a fork. Bases the parent had registered are remembered, and
+// unregistering one of them in the child answers 0 (so finalizers that run there succeed);
+// they do not block new registrations.
 // The backend is called outside the registry's lock: a range is first reserved (Pending),
 // then locked by the backend, then made Live; unregister marks it Releasing, unlocks, then
 // erases it. No other thread can touch a reserved range meanwhile.
@@ -16,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -59,8 +64,11 @@ private:
     // Entry whose range intersects [lo, hi), or end().
     std::map<uintptr_t, Entry>::const_iterator overlapping(uintptr_t lo, uintptr_t hi) const;
 
+    void after_fork_in_child();
+
     mutable std::mutex mu_;
     std::map<uintptr_t, Entry> map_;  // base -> entry; ranges never intersect
+    std::set<uintptr_t> inherited_;   // bases registered by the parent before fork
 };
 
 }  // namespace hostreg

@@ -161,3 +161,14 @@ def test_stage_default_model_through_the_acl_double():
     assert table_row(r.stdout, "backend") == "acl"
     assert table_row(r.stdout, "tensors (registered)") == "148 (148)"
     assert table_row(r.stdout, "unregistered on release") == "yes"
+
+
+def test_doctor_counts_whole_pages_and_refuses_bad_sizes():
+    # 695,296 bytes need 761,856 locked in whole pages: a 704 KiB limit is not enough.
+    r = subprocess.run(
+        ["prlimit", "--memlock=720896:720896", "setpriv", "--bounding-set=-ipc_lock", "--", HOSTREG, "doctor", "--json", "--bytes", "695296"],
+        capture_output=True, text=True, env={**os.environ, "HOSTREG_BACKEND": "posix"},
+    )
+    assert r.returncode == 1 and "in whole pages" in json.loads(r.stdout)["problems"][0]
+    r = subprocess.run([HOSTREG, "doctor", "--bytes", "-5"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--bytes must be > 0" in r.stderr

@@ -149,3 +149,73 @@ def test_threads_register_disjoint_slots_concurrently():
         assert hostreg.host_unregister(b.addr + i * slot) == E.success
     assert hostreg.locked_bytes() == before
     b.close()
+
+
+def test_bool_and_non_int_codes_are_refused(buf: Buffer):
+    with pytest.raises(TypeError, match="nbytes must be an int, not bool"):
+        hostreg.host_register(buf.addr, True)
+    rt = hostreg.cudart()
+    with pytest.raises(TypeError, match="error must be an int, not float"):
+        rt.cudaGetErrorString(1.5)
+    with pytest.raises(ValueError, match="error must be in"):
+        rt.cudaGetErrorName(2**40)
+
+
+def test_prot_none_memory_answers_1_naming_the_cause():
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    addr = libc.mmap(None, 4 * PAGE, 0, 0x22, -1, 0)  # PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS
+    try:
+        assert hostreg.host_register(addr, 4 * PAGE) == E.cudaErrorInvalidValue
+        assert "PROT_NONE" in hostreg.last_error().message
+    finally:
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.munmap(addr, 4 * PAGE)
+
+
+def test_edge_page_of_a_stale_registration_is_locked_again():
+    # Memory freed while registered (a caller's bug) leaves a stale entry, as with CUDA; a new
+    # neighbour sharing its edge page must still be locked for real.
+    b = Buffer(8 * PAGE)
+    a = b.addr
+    assert hostreg.host_register(a + 10, PAGE) == E.success
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.munlock(ctypes.c_void_p(a), ctypes.c_size_t(8 * PAGE))  # what munmap would do to the lock
+    before = hostreg.locked_bytes()
+    assert hostreg.host_register(a + PAGE + 100, 2 * PAGE) == E.success  # shares page 1 with the stale one
+    assert hostreg.locked_bytes() - before == 3 * PAGE
+    assert hostreg.host_unregister(a + PAGE + 100) == E.success
+    assert hostreg.host_unregister(a + 10) == E.success
+    b.close()
+
+
+def test_fork_child_starts_with_no_registration_and_forgets_the_parents():
+    import os
+
+    b = Buffer(16 * PAGE)
+    assert hostreg.host_register(b.addr, b.nbytes) == E.success
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: no lock is inherited, so no registration either
+        ok = (
+            hostreg.stats().registrations == 0
+            and hostreg.locked_bytes() == 0
+            and hostreg.registration(b.addr) is None
+            and hostreg.host_unregister(b.addr) == 0  # a finalizer of the parent's registration
+            and hostreg.host_unregister(b.addr) == E.cudaErrorHostMemoryNotRegistered
+            and hostreg.host_register(b.addr, PAGE) == 0
+            and hostreg.locked_bytes() == PAGE
+        )
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.waitpid(pid, 0)
+    assert hostreg.registration(b.addr) is not None  # the parent's is untouched
+    assert hostreg.host_unregister(b.addr) == E.success
+    b.close()

@@ -79,3 +79,25 @@ def test_memlock_limit_fails_with_the_reason():
 def test_usage_errors_exit_2():
     r = stage("--model", "nope")
     assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_corrupt_checkpoints_fail_without_a_traceback(tmp_path: Path):
+    (tmp_path / "corrupt.pt").write_bytes(b"PK\x03\x04 not really a zip")
+    (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 16)
+    for name in ("corrupt.pt", "bad.safetensors"):
+        r = stage("--checkpoint", str(tmp_path / name))
+        assert r.returncode == 1
+        assert f"cannot read checkpoint {tmp_path / name}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_module_checkpoint_is_refused_with_advice(tmp_path: Path):
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")
+    r = stage("--checkpoint", str(tmp_path / "module.pt"))
+    assert r.returncode == 1 and "save its state_dict()" in r.stderr
+
+
+def test_nan_values_verify(tmp_path: Path):
+    torch.save({"x": torch.tensor([1.0, float("nan"), 3.0])}, tmp_path / "nan.pt")
+    r = stage("--checkpoint", str(tmp_path / "nan.pt"))
+    assert r.returncode == 0, r.stderr
+    assert row(r.stdout, "values verified") == "yes"
