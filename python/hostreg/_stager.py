@@ -22,17 +22,14 @@ import weakref
 from typing import Any
 
 from ._errors import StagingError
-from ._staging import StagedStateDict, _rebuild, copy_state_dict, signature, stage_layout
-
-
-class StagedDict(dict):
-    """The dict ``Stager.stage`` returns (a plain dict that can be weakly referenced)."""
+from ._staging import StagedDict, StagedStateDict, _CopyPlan, _rebuild, _tensors, signature, stage_layout
 
 
 class _Buffer:
     def __init__(self, sig: tuple, staged: StagedStateDict) -> None:
         self.sig = sig
         self.staged = staged
+        self.plan = _CopyPlan(staged.tensors)
         self._issued: weakref.ref[StagedDict] | None = None
 
     def busy(self) -> bool:
@@ -97,7 +94,7 @@ class Stager:
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict, not {type(state_dict).__name__}")
         buf = self._acquire(signature(state_dict), state_dict)
-        copy_state_dict(state_dict, buf.staged.state_dict)
+        buf.plan.copy(_tensors(state_dict))
         return buf.issue(state_dict)
 
     def synchronize_staging(self) -> None:

@@ -18,6 +18,7 @@ empty tensors take no bytes.
 from __future__ import annotations
 
 import copy
+import operator
 import os
 import weakref
 from dataclasses import dataclass
@@ -163,8 +164,19 @@ def _rebuild(obj: Any, leaf: Callable[[str, torch.Tensor], Any], other: Callable
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors of a nested state dict, in the order :func:`_rebuild` visits them."""
     found: list[torch.Tensor] = []
-    _rebuild(obj, lambda p, t: found.append(t), lambda v: v)
+
+    def walk(values: Any) -> None:
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                found.append(v)
+            elif isinstance(v, dict):
+                walk(v.values())
+            elif isinstance(v, (list, tuple)):
+                walk(v)
+
+    walk([obj])
     return found
 
 
@@ -208,6 +220,76 @@ def signature(state_dict: Any) -> tuple:
     return sig(state_dict)
 
 
+# ---- copying ----------------------------------------------------------------------------
+
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
+_is_cpu = operator.attrgetter("is_cpu")
+_nbytes = operator.attrgetter("nbytes")
+
+
+class _CopyPlan:
+    """What copying into a fixed list of destination tensors needs, computed once: their
+    addresses, byte counts, shapes and dtypes. Holds the tensors (so the addresses stay
+    valid). Sources are checked in bulk on every copy; any that do not fit the one-batch
+    path (strided, other device or dtype, conjugate views) take ``Tensor.copy_``."""
+
+    def __init__(self, dst: list[torch.Tensor]) -> None:
+        self.dst = dst
+        self.ids = list(map(id, dst))
+        self.ptrs = list(map(torch.Tensor.data_ptr, dst))
+        self.nbytes = list(map(_nbytes, dst))
+        self.shapes = list(map(_shape, dst))
+        self.dtypes = list(map(_dtype, dst))
+        self.batchable = all(map(_is_cpu, dst)) and all(map(torch.Tensor.is_contiguous, dst))
+        self.complex = any(d.is_complex for d in set(self.dtypes))
+
+    def copy(self, src: list[torch.Tensor], threads: int = 0) -> None:
+        if len(src) != len(self.dst):
+            raise ValueError(f"source has {len(src)} tensors, destination {len(self.dst)}")
+        threads = threads or len(os.sched_getaffinity(0))
+        if (
+            self.batchable
+            and list(map(_shape, src)) == self.shapes
+            and list(map(_dtype, src)) == self.dtypes
+            and all(map(_is_cpu, src))
+            and all(map(torch.Tensor.is_contiguous, src))
+            and not (self.complex and any(t.is_conj() or t.is_neg() for t in src))
+        ):
+            _hostreg.copy_batch(self.ptrs, list(map(torch.Tensor.data_ptr, src)), self.nbytes, threads)
+            return
+        _copy_one_by_one(src, self.dst, threads)
+
+
+def _copy_one_by_one(s_list: list[torch.Tensor], d_list: list[torch.Tensor], threads: int) -> None:
+    dptr: list[int] = []
+    sptr: list[int] = []
+    nbytes: list[int] = []
+    devices: set[torch.device] = set()
+    for i, (s, d) in enumerate(zip(s_list, d_list)):
+        if s.shape != d.shape:
+            raise ValueError(f"tensor {i}: source shape {tuple(s.shape)} != destination {tuple(d.shape)}")
+        if s.is_cpu and s.dtype == d.dtype and s.is_contiguous() and d.is_contiguous() and not (s.is_conj() or s.is_neg()):
+            if s.nbytes:
+                dptr.append(d.data_ptr())
+                sptr.append(s.data_ptr())
+                nbytes.append(s.nbytes)
+        else:
+            d.copy_(s, non_blocking=not s.is_cpu)
+            if not s.is_cpu:
+                devices.add(s.device)
+    _hostreg.copy_batch(dptr, sptr, nbytes, threads)
+    for dev in devices:
+        torch.get_device_module(dev).synchronize(dev)
+
+
+class StagedDict(dict):
+    """A staged state dict: a plain ``dict`` that also remembers how to copy into it fast
+    (and, unlike ``dict``, can be weakly referenced)."""
+
+    _hostreg_plan: _CopyPlan | None = None
+
+
 # ---- public API -----------------------------------------------------------------------
 
 
@@ -244,46 +326,25 @@ def create_cpu_state_dict(state_dict: Any, pin_memory: bool = True, share_memory
     message names the limit), ``TypeError`` for tensor types it cannot place (DTensor,
     sparse).
     """
-    return stage_layout(state_dict, pin_memory=pin_memory, share_memory=share_memory).state_dict
+    staged = stage_layout(state_dict, pin_memory=pin_memory, share_memory=share_memory).state_dict
+    return StagedDict(staged) if type(staged) is dict else staged
 
 
 def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
-    """Copy every tensor of ``src`` into the tensor at the same place in ``dst`` and return ``dst``.
+    """Copy every tensor of ``src`` into the tensor at the same place in ``dst``; returns ``dst``.
 
-    ``dst`` has the structure of ``src`` (from :func:`create_cpu_state_dict`). Contiguous CPU
-    sources of the same dtype are copied by one parallel batch (``threads`` threads, 0 = one
-    per CPU) with the GIL released; others (strided views, other devices, other dtypes) by
-    ``Tensor.copy_``, non-blocking from accelerators, synchronised before returning.
-    Raises ``ValueError`` when the structures or a tensor's shape differ.
+    ``dst`` has the structure of ``src`` (from :func:`create_cpu_state_dict`). When every
+    source is a contiguous CPU tensor of the destination's dtype and shape, all are copied by
+    one parallel batch (``threads`` threads, 0 = one per CPU) with the GIL released; else
+    one by one (``Tensor.copy_``; non-blocking from accelerators, synchronised before
+    returning). Copying into the same staged dict again reuses what the first copy worked
+    out. Raises ``ValueError`` when the structures or a tensor's shape differ.
     """
     s_list, d_list = _tensors(src), _tensors(dst)
-    if len(s_list) != len(d_list):
-        raise ValueError(f"source has {len(s_list)} tensors, destination {len(d_list)}")
-    dptr: list[int] = []
-    sptr: list[int] = []
-    nbytes: list[int] = []
-    devices: set[torch.device] = set()
-    for i, (s, d) in enumerate(zip(s_list, d_list)):
-        if s.shape != d.shape:
-            raise ValueError(f"tensor {i}: source shape {tuple(s.shape)} != destination {tuple(d.shape)}")
-        if (
-            s.device.type == "cpu"
-            and s.dtype == d.dtype
-            and s.is_contiguous()
-            and d.is_contiguous()
-            and not s.is_conj()
-            and not s.is_neg()
-        ):
-            n = s.numel() * _itemsize(s.dtype)
-            if n:
-                dptr.append(d.data_ptr())
-                sptr.append(s.data_ptr())
-                nbytes.append(n)
-        else:
-            d.copy_(s, non_blocking=s.device.type != "cpu")
-            if s.device.type != "cpu":
-                devices.add(s.device)
-    _hostreg.copy_batch(dptr, sptr, nbytes, threads or len(os.sched_getaffinity(0)))
-    for dev in devices:
-        torch.get_device_module(dev).synchronize(dev)
+    plan = getattr(dst, "_hostreg_plan", None)
+    if plan is None or plan.ids != list(map(id, d_list)):
+        plan = _CopyPlan(d_list)
+        if isinstance(dst, StagedDict):
+            dst._hostreg_plan = plan
+    plan.copy(s_list, threads)
     return dst

@@ -17,34 +17,59 @@ from typing import Sequence
 
 
 def _stage(args: argparse.Namespace) -> int:
+    import contextlib
+
     from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from . import models, stage
 
     out = Console()
     err = Console(stderr=True)
+    show = err.is_terminal if args.progress is None else args.progress
+    bar = (
+        Progress(TextColumn("{task.description:>8}"), BarColumn(), DownloadColumn(binary_units=True),
+                 TimeElapsedColumn(), console=err, transient=True)
+        if show
+        else contextlib.nullcontext()
+    )
+    tasks: dict[str, int] = {}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if not show:
+            return
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(phase, total=total)  # type: ignore[union-attr]
+        bar.update(tasks[phase], completed=done)  # type: ignore[union-attr]
+
     try:
-        t0 = time.perf_counter()
-        if args.checkpoint:
-            source = str(args.checkpoint)
-            state_dict = stage.load_checkpoint(args.checkpoint)
-        else:
-            source = f"embedded model {args.model}"
-            state_dict = models.build(args.model).state_dict()
-        load_s = time.perf_counter() - t0
-        report = stage.stage_with_torch(state_dict)
+        with bar:
+            t0 = time.perf_counter()
+            if args.checkpoint:
+                source = str(args.checkpoint)
+                state_dict = stage.load_checkpoint(args.checkpoint)
+            else:
+                source = f"embedded model {args.model}"
+                state_dict = models.build(args.model).state_dict()
+            load_s = time.perf_counter() - t0
+            report = stage.stage_state_dict(state_dict, engine=args.engine, progress=progress)
     except stage.StagingError as e:
         err.print(f"[bold red]hostreg stage: staging failed[/]\n{e}", highlight=False, soft_wrap=True)
         return 1
 
     gib = 2**30
+    engines = {
+        "hostreg": "hostreg (one shared arena, one registration)",
+        "torch": "torch (_create_cpu_state_dict, share+pin)",
+    }
     table = Table(title=f"hostreg stage: {source}", show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("backend", report.backend)
-    table.add_row("engine", "torch (_create_cpu_state_dict, share+pin)")
+    table.add_row("engine", engines[report.engine])
     table.add_row("tensors (registered)", f"{report.tensors} ({report.pinned_tensors})")
+    table.add_row("registrations", str(report.registrations))
     table.add_row("bytes staged", f"{report.bytes_staged:,} ({report.bytes_staged / gib:.3f} GiB)")
     table.add_row("bytes locked (VmLck rise)", f"{report.bytes_locked:,} ({report.bytes_locked / gib:.3f} GiB)")
     table.add_row("seconds to build/load source", f"{load_s:.2f}")
@@ -120,12 +145,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "stage",
         help="stage a state dict into shared, page-locked memory and verify it",
-        description="Stage a state dict with PyTorch's _create_cpu_state_dict(share_memory=True, "
-        "pin_memory=True) through hostreg, verify values and locking (VmLck), and report.",
+        description="Stage a state dict into shared, page-locked memory (hostreg's arena, or PyTorch's "
+        "_create_cpu_state_dict(share_memory=True, pin_memory=True) through hostreg's drop-in), verify "
+        "values and locking (VmLck), release it, and report.",
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", choices=list(MODELS), default=DEFAULT_MODEL, help="embedded model (default: %(default)s)")
     src.add_argument("--checkpoint", metavar="PATH", help="a .safetensors or torch.save (.pt/.pth/.bin) state dict")
+    p.add_argument(
+        "--engine",
+        choices=["hostreg", "torch"],
+        default="hostreg",
+        help="hostreg: one shared arena, one registration (default); torch: PyTorch's per-tensor path through the drop-in",
+    )
+    p.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar on stderr (default: when it is a terminal)"
+    )
     p.set_defaults(func=_stage)
 
     from .doctor import DEFAULT_BYTES

@@ -1,9 +1,9 @@
 """The main job: stage a state dict into shared, page-locked CPU memory and prove it.
 
-:func:`stage_with_torch` runs PyTorch's own ``_create_cpu_state_dict(share_memory=True,
-pin_memory=True)`` and ``_copy_state_dict`` with hostreg's drop-in installed, then checks
-every value, every registration, and that the kernel's locked-memory count (``VmLck``)
-rose by at least the staged bytes.
+:func:`stage_state_dict` stages with hostreg's arena (default) or with PyTorch's own
+``_create_cpu_state_dict(share_memory=True, pin_memory=True)`` and ``_copy_state_dict``
+through hostreg's drop-in, then checks every value, every registration, and that the
+kernel's locked-memory count (``VmLck``) rose by at least the staged bytes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -23,13 +23,15 @@ from . import torch as hostreg_torch
 
 @dataclass
 class StageReport:
+    engine: str  #: "hostreg" (one arena) or "torch" (PyTorch's per-tensor path)
     backend: str  #: hostreg backend that locked the memory
     tensors: int  #: tensors in the state dict
-    pinned_tensors: int  #: tensors registered (0-d and empty ones are not, as in PyTorch)
+    pinned_tensors: int  #: tensors inside registered memory (torch's path skips 0-d ones)
+    registrations: int  #: registrations the staged copy held
     bytes_staged: int  #: bytes of the registered tensors
     bytes_locked: int  #: rise of VmLck while the staged copy was alive, bytes
-    create_s: float  #: seconds in _create_cpu_state_dict
-    copy_s: float  #: seconds in _copy_state_dict
+    create_s: float  #: seconds to create the staged copy (allocate, populate, register)
+    copy_s: float  #: seconds to copy the values into it
     released: bool  #: every registration was undone after del + gc.collect()
 
     @property
@@ -89,63 +91,116 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
-def _pinned(t: torch.Tensor) -> bool:
-    # PyTorch's _create_cpu_state_dict pins every tensor except 0-d and empty ones.
-    return t.dim() > 0 and t.numel() > 0
+#: progress(phase, done, total): phase is "create", "copy" or "verify"; done/total in bytes.
+Progress = Callable[[str, int, int], None]
+
+ENGINES = ("hostreg", "torch")
 
 
-def _verify(source: dict[str, Any], staged: dict[str, Any]) -> tuple[list[str], int, int]:
-    """Compare the staged copy with its source; returns (problems, pinned tensors, pinned bytes)."""
+def _verify(
+    source: dict[str, Any], staged: dict[str, Any], engine: str, progress: Progress
+) -> tuple[list[str], int, int]:
+    """Compare the staged copy with its source; returns (problems, pinned tensors, pinned bytes).
+
+    Pinned tensors: PyTorch's path registers every tensor except 0-d and empty ones, each as
+    its own registration; hostreg's registers every non-empty tensor inside one arena.
+    """
     problems: list[str] = []
     src = dict(iter_tensors(source))
     dst = dict(iter_tensors(staged))
     if src.keys() != dst.keys():
         problems.append("the staged copy has other keys than the source")
-    pinned = staged_bytes = 0
+    total = sum(t.numel() * t.element_size() for t in src.values())
+    done = pinned = staged_bytes = 0
     for key, s in src.items():
         d = dst.get(key)
         if d is None:
             continue
+        nbytes = d.numel() * d.element_size()
+        done += nbytes
+        progress("verify", done, total)
         if not same_bytes(s, d):
             problems.append(f"{key}: staged values differ from the source")
-        if _pinned(d):
-            pinned += 1
-            nbytes = d.numel() * d.element_size()
-            staged_bytes += nbytes
-            reg = _core.registration(d.data_ptr())
-            if not d.is_shared():
-                problems.append(f"{key}: staged tensor is not in shared memory")
-            if reg is None or reg.base != d.data_ptr() or reg.nbytes != nbytes:
-                problems.append(f"{key}: staged tensor is not registered as a whole")
+        if not d.is_shared():
+            problems.append(f"{key}: staged tensor is not in shared memory")
+        if nbytes == 0 or (engine == "torch" and d.dim() == 0):
+            continue
+        pinned += 1
+        staged_bytes += nbytes
+        reg = _core.registration(d.data_ptr())
+        if engine == "torch":
+            whole = reg is not None and reg.base == d.data_ptr() and reg.nbytes == nbytes
+        else:
+            whole = reg is not None and reg.base + reg.nbytes >= d.data_ptr() + nbytes
+        if not whole:
+            problems.append(f"{key}: staged tensor is not registered as a whole")
     return problems, pinned, staged_bytes
 
 
-def stage_with_torch(state_dict: dict[str, Any]) -> StageReport:
-    """Stage ``state_dict`` with PyTorch's own shared+pinned path through hostreg.
+def _create_and_copy(state_dict: dict[str, Any], engine: str, progress: Progress) -> tuple[Any, float, float]:
+    """The staged copy, seconds to create it, seconds to copy into it."""
+    total = sum(t.numel() * t.element_size() for _, t in iter_tensors(state_dict))
+    progress("create", 0, total)
+    t0 = time.perf_counter()
+    if engine == "torch":
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
-    Installs :func:`hostreg.torch.install`. Returns the report after the staged copy has
-    been verified and released. Raises :class:`StagingError` when staging fails (the
-    message names the cause, e.g. ``RLIMIT_MEMLOCK``) or when a check fails.
+        hostreg_torch.install()
+        try:
+            staged = _create_cpu_state_dict(state_dict, pin_memory=True, share_memory=True)
+        except RuntimeError as e:
+            gc.collect()  # drop the tensors already made; their finalizers unregister them
+            # PyTorch's message carries only the code; hostreg's reason is in last_error().
+            err = _core.last_error()
+            reason = f"\nhostreg: {err.code}: {err.message}" if "cudaError" in str(e) else ""
+            raise StagingError(f"{e}{reason}") from e
+        progress("create", total, total)
+        t1 = time.perf_counter()
+        _copy_state_dict(state_dict, staged)
+        progress("copy", total, total)
+    else:
+        from ._staging import _CopyPlan, stage_layout
+
+        layout = stage_layout(state_dict)
+        progress("create", total, total)
+        t1 = time.perf_counter()
+        src = [t for _, t in iter_tensors(state_dict)]
+        # Copied in about 20 steps by bytes, so a long staging shows its progress.
+        step, start, done, acc = max(total // 20, 1), 0, 0, 0
+        for i, t in enumerate(src):
+            acc += t.numel() * t.element_size()
+            if acc >= step or i == len(src) - 1:
+                _CopyPlan(layout.tensors[start : i + 1]).copy(src[start : i + 1])
+                done += acc
+                progress("copy", done, total)
+                start, acc = i + 1, 0
+        staged = layout.state_dict
+        del layout
+    return staged, t1 - t0, time.perf_counter() - t1
+
+
+def stage_state_dict(state_dict: dict[str, Any], engine: str = "hostreg", progress: Progress | None = None) -> StageReport:
+    """Stage ``state_dict`` into shared, page-locked memory, verify it, release it, report.
+
+    ``engine="hostreg"``: one arena for the whole state dict (:mod:`hostreg.torch` staging).
+    ``engine="torch"``: PyTorch's own ``_create_cpu_state_dict(share_memory=True,
+    pin_memory=True)`` and ``_copy_state_dict`` through the drop-in (installs it).
+
+    Checks every value (bytes), that every staged tensor is shared and registered, that
+    ``VmLck`` rose by at least the staged bytes, and that every registration is gone after
+    release. Raises :class:`StagingError` when staging fails (the message names the cause,
+    e.g. ``RLIMIT_MEMLOCK`` or ``/dev/shm``) or a check fails; ``ValueError`` for an unknown
+    engine.
     """
-    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
-    hostreg_torch.install()
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+    report = progress or (lambda phase, done, total: None)
     before_regs = _core.stats().registrations
     before_locked = _proc.locked_bytes()
 
-    t0 = time.perf_counter()
-    try:
-        staged = _create_cpu_state_dict(state_dict, pin_memory=True, share_memory=True)
-    except RuntimeError as e:
-        gc.collect()  # drop the tensors already made; their finalizers unregister them
-        # PyTorch's message carries only the code; hostreg's reason is in last_error().
-        reason = f"\nhostreg: {_core.last_error().code}: {_core.last_error().message}" if "cudaError" in str(e) else ""
-        raise StagingError(f"{e}{reason}") from e
-    t1 = time.perf_counter()
-    _copy_state_dict(state_dict, staged)
-    t2 = time.perf_counter()
-
-    problems, pinned, staged_bytes = _verify(state_dict, staged)
+    staged, create_s, copy_s = _create_and_copy(state_dict, engine, report)
+    registrations = _core.stats().registrations - before_regs
+    problems, pinned, staged_bytes = _verify(state_dict, staged, engine, report)
     locked = _proc.locked_bytes() - before_locked
     if locked < staged_bytes:
         problems.append(f"VmLck rose by {locked} bytes, less than the {staged_bytes} bytes staged")
@@ -158,12 +213,14 @@ def stage_with_torch(state_dict: dict[str, Any]) -> StageReport:
     if problems:
         raise StagingError("staging verification failed:\n  " + "\n  ".join(problems[:20]))
     return StageReport(
+        engine=engine,
         backend=_core.backend(),
         tensors=sum(1 for _ in iter_tensors(state_dict)),
         pinned_tensors=pinned,
+        registrations=registrations,
         bytes_staged=staged_bytes,
         bytes_locked=locked,
-        create_s=t1 - t0,
-        copy_s=t2 - t1,
+        create_s=create_s,
+        copy_s=copy_s,
         released=released,
     )

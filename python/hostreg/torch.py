@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from . import _core
 from ._cudart import cudart as _hostreg_cudart
-from ._stager import StagedDict, Stager
-from ._staging import ALIGNMENT, Arena, copy_state_dict, create_cpu_state_dict
+from ._stager import Stager
+from ._staging import ALIGNMENT, Arena, StagedDict, copy_state_dict, create_cpu_state_dict
 
 __all__ = [
     "ALIGNMENT",

@@ -20,7 +20,8 @@ void copy_span(void* const* dst, const void* const* src, const size_t* bytes, si
         const size_t end = start + bytes[i];
         if (end <= lo) continue;
         const size_t a = std::max(lo, start), b = std::min(hi, end);
-        std::memcpy(static_cast<char*>(dst[i]) + (a - start), static_cast<const char*>(src[i]) + (a - start), b - a);
+        if (b > a)  // empty tensors may have no address at all
+            std::memcpy(static_cast<char*>(dst[i]) + (a - start), static_cast<const char*>(src[i]) + (a - start), b - a);
     }
 }
 
