@@ -136,6 +136,6 @@ class Stager:
             if waited > self.wait_timeout_s:
                 raise StagingError(
                     f"all {self.max_buffers} staging buffers are still in use by earlier saves' writers after "
-                    f"{self.wait_timeout_s:.0f} s; wait for the previous save's future, or raise max_buffers"
+                    f"{self.wait_timeout_s:g} s; wait for the previous save's future, or raise max_buffers"
                 )
             time.sleep(0.01)

@@ -79,8 +79,10 @@ class Arena:
             finally:
                 os.close(fd)
         else:
-            self.storage = torch.UntypedStorage(size)
-        ptr = self.storage.data_ptr()
+            # The CPU allocator aligns to 64 bytes: take ALIGNMENT more and start aligned.
+            self.storage = torch.UntypedStorage(size + ALIGNMENT)
+        self._start = -self.storage.data_ptr() % ALIGNMENT if not share else 0
+        ptr, size = self.storage.data_ptr(), size + self._start  # the whole storage from its first byte
         if _hostreg.prepare_memory(ptr, size) != 0:
             self.storage = None  # type: ignore[assignment]
             _raise_last(f"cannot stage {nbytes:,} bytes")
@@ -96,7 +98,8 @@ class Arena:
 
     @property
     def data_ptr(self) -> int:
-        return self.storage.data_ptr()
+        """Address of the arena's first byte (a multiple of :data:`ALIGNMENT`)."""
+        return self.storage.data_ptr() + self._start
 
     @property
     def pinned(self) -> bool:
@@ -104,7 +107,8 @@ class Arena:
 
     def view(self, offset: int, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """A contiguous tensor of ``shape`` and ``dtype`` at byte ``offset`` of the arena."""
-        return torch.empty(0, dtype=dtype).set_(self.storage, offset // _itemsize(dtype), shape, _contiguous_strides(shape))
+        first = (self._start + offset) // _itemsize(dtype)
+        return torch.empty(0, dtype=dtype).set_(self.storage, first, shape, _contiguous_strides(shape))
 
     def close(self) -> None:
         """Undo the registration now (views stay valid, no longer page-locked). Idempotent."""
@@ -165,19 +169,32 @@ def _rebuild(obj: Any, leaf: Callable[[str, torch.Tensor], Any], other: Callable
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
     """The tensors of a nested state dict, in the order :func:`_rebuild` visits them."""
+    return _flatten(obj)[0]
+
+
+def _flatten(obj: Any) -> tuple[list[torch.Tensor], Any]:
+    """(the tensors in :func:`_rebuild`'s order, the skeleton: containers and keys without
+    the tensors, equal for two state dicts exactly when their tensors match by position)."""
     found: list[torch.Tensor] = []
 
-    def walk(values: Any) -> None:
-        for v in values:
-            if isinstance(v, torch.Tensor):
-                found.append(v)
-            elif isinstance(v, dict):
-                walk(v.values())
-            elif isinstance(v, (list, tuple)):
-                walk(v)
+    def walk(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+            return 0
+        if isinstance(v, dict):
+            return (tuple(v.keys()), tuple([walk(x) for x in v.values()]))
+        if isinstance(v, (list, tuple)):
+            return (len(v), tuple([walk(x) for x in v]))
+        return None
 
-    walk([obj])
-    return found
+    return found, walk(obj)
+
+
+def _paths(obj: Any) -> dict[tuple, torch.Tensor]:
+    """{path of keys and indices: tensor} for every tensor of a nested state dict."""
+    out: dict[tuple, torch.Tensor] = {}
+    _rebuild(obj, lambda p, t: out.__setitem__(tuple(p.split(".")), t), lambda v: v)
+    return out
 
 
 @dataclass(frozen=True)
@@ -337,10 +354,19 @@ def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
     source is a contiguous CPU tensor of the destination's dtype and shape, all are copied by
     one parallel batch (``threads`` threads, 0 = one per CPU) with the GIL released; else
     one by one (``Tensor.copy_``; non-blocking from accelerators, synchronised before
-    returning). Copying into the same staged dict again reuses what the first copy worked
-    out. Raises ``ValueError`` when the structures or a tensor's shape differ.
+    returning). Tensors are matched by key (like PyTorch's ``_copy_state_dict``); copying
+    into the same staged dict again reuses what the first copy worked out. Raises
+    ``ValueError`` when the keys or a tensor's shape differ.
     """
-    s_list, d_list = _tensors(src), _tensors(dst)
+    s_list, s_skel = _flatten(src)
+    d_list, d_skel = _flatten(dst)
+    if s_skel != d_skel:  # keys in another order (go by key, as PyTorch does), or other keys
+        by_path, d_paths = _paths(src), list(_paths(dst))
+        if set(by_path) != set(d_paths) or len(s_list) != len(d_list):
+            missing = sorted(".".join(p) for p in set(d_paths) - set(by_path))[:3]
+            extra = sorted(".".join(p) for p in set(by_path) - set(d_paths))[:3]
+            raise ValueError(f"source and destination differ in structure (missing {missing}, extra {extra})")
+        s_list = [by_path[p] for p in d_paths]
     plan = getattr(dst, "_hostreg_plan", None)
     if plan is None or plan.ids != list(map(id, d_list)):
         plan = _CopyPlan(d_list)

@@ -1,0 +1,336 @@
+"""hostreg.torch.Stager as DCP's AsyncStager (python/hostreg/_stager.py) with
+torch.distributed.checkpoint: round trips, constant resources across saves (PyTorch
+#170163), no reuse of a buffer a writer still reads (Megatron-LM PR #2288), close(), and
+two ranks over gloo (thread and background-process checkpointers)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import time
+import traceback
+import warnings
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from torch.distributed.checkpoint import state_dict_saver
+from torch.distributed.checkpoint.staging import AsyncStager
+
+import hostreg
+import hostreg.torch as ht
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+class Net(torch.nn.Module):
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, width)
+        self.norm = torch.nn.BatchNorm1d(width)  # buffers, incl. a 0-d int64 num_batches_tracked
+        self.fc2 = torch.nn.Linear(width, 4, bias=False)
+        self.register_buffer("scale16", torch.randn(3, 5).to(torch.float16))
+
+
+def mutate(model: torch.nn.Module, step: int) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(float(step))
+        model.norm.num_batches_tracked.fill_(step)
+
+
+def snapshot(sd: dict) -> dict:
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
+def load(path, like: dict) -> dict:
+    out = {k: torch.full_like(v, 7) if v.dtype != torch.bool else torch.zeros_like(v) for k, v in like.items()}
+    dcp.load(out, checkpoint_id=str(path), no_dist=True)
+    return out
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert torch.equal(a[k], b[k]), k
+
+
+def shm_fds() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += "/dev/shm" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return n
+
+
+def resources() -> tuple:
+    gc.collect()
+    return hostreg.locked_bytes(), hostreg.stats(), shm_fds()
+
+
+@pytest.fixture
+def stager():
+    s = ht.Stager()
+    yield s
+    s.close()
+
+
+# ---- single process ----------------------------------------------------------------------
+
+
+def test_is_an_async_stager():
+    s = ht.Stager()
+    assert isinstance(s, AsyncStager)
+    assert s.should_synchronize_after_execute is False
+    s.close()
+
+
+def test_async_save_and_load_round_trip(stager, tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    sd = model.state_dict()
+    want = snapshot(sd)
+    fut = dcp.async_save(sd, checkpoint_id=str(tmp_path / "ckpt"), async_stager=stager, no_dist=True)
+    fut.result(timeout=120)
+    assert stager.arenas_created == 1 and hostreg.stats().registrations >= 1
+    assert_same(load(tmp_path / "ckpt", want), want)
+
+
+def test_repeated_saves_keep_resources_constant(stager, tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    saved = []
+    after_first = None
+    for i in range(20):
+        mutate(model, i)
+        sd = model.state_dict()
+        saved.append(snapshot(sd))
+        fut = dcp.async_save(sd, checkpoint_id=str(tmp_path / f"c{i}"), async_stager=stager, no_dist=True)
+        fut.result(timeout=120)
+        del fut
+        now = (*resources(), stager.arenas_created)
+        if after_first is None:
+            after_first = now
+            assert now[1].registrations == 1 and now[2] >= 1 and now[3] == 1
+        assert now == after_first, f"save {i}: (VmLck, stats, /dev/shm fds, arenas) {now} != {after_first}"
+    # Each checkpoint holds the values of its own save, not a later one's.
+    for i in (0, 3, 11, 19):
+        assert_same(load(tmp_path / f"c{i}", saved[i]), saved[i])
+    assert not torch.equal(saved[0]["fc1.weight"], saved[19]["fc1.weight"])
+
+
+def test_structure_change_rebuilds_and_releases_old_arena(stager, tmp_path):
+    torch.manual_seed(0)
+    small, large = Net(32), Net(256)
+    dcp.async_save(small.state_dict(), checkpoint_id=str(tmp_path / "a"), async_stager=stager, no_dist=True).result()
+    locked_small = resources()[0]
+    assert stager.arenas_created == 1
+    want = snapshot(large.state_dict())
+    dcp.async_save(large.state_dict(), checkpoint_id=str(tmp_path / "b"), async_stager=stager, no_dist=True).result()
+    locked, stats, _ = resources()
+    assert stager.arenas_created == 2
+    assert stats.registrations == 1, "the old arena was not released"
+    assert stats.bytes_registered >= sum(t.nbytes for t in want.values())
+    assert locked > locked_small
+    assert_same(load(tmp_path / "b", want), want)
+    # Back to the first structure: rebuilt again, still one registration.
+    dcp.async_save(small.state_dict(), checkpoint_id=str(tmp_path / "c"), async_stager=stager, no_dist=True).result()
+    assert stager.arenas_created == 3 and resources()[1].registrations == 1
+
+
+def test_never_overwrites_a_buffer_still_in_use(stager):
+    torch.manual_seed(0)
+    sd1 = {"w": torch.randn(1000), "n": {"b": torch.arange(7)}, "step": 1}
+    sd2 = {"w": torch.randn(1000), "n": {"b": torch.arange(7) * 3}, "step": 2}
+    sd3 = {"w": torch.randn(1000), "n": {"b": torch.arange(7) * 5}, "step": 3}
+    d1 = stager.stage(sd1)
+    want1 = snapshot({"w": d1["w"], "b": d1["n"]["b"]})
+    assert torch.equal(d1["w"], sd1["w"]) and d1["step"] == 1
+    d2 = stager.stage(sd2)  # same structure; d1 is alive, so another arena
+    assert stager.arenas_created == 2
+    assert torch.equal(d1["w"], want1["w"]) and torch.equal(d1["n"]["b"], want1["b"]), "stage() overwrote a live buffer"
+    assert torch.equal(d2["w"], sd2["w"]) and torch.equal(d2["n"]["b"], sd2["n"]["b"]) and d2["step"] == 2
+    assert d1["w"].untyped_storage().data_ptr() != d2["w"].untyped_storage().data_ptr()
+    assert hostreg.stats().registrations == 2
+
+    # d1's writer is done: its buffer is reused, d2 (still alive) is left alone.
+    ptr1 = d1["w"].untyped_storage().data_ptr()
+    del d1
+    want2 = snapshot({"w": d2["w"], "b": d2["n"]["b"]})
+    d3 = stager.stage(sd3)
+    assert stager.arenas_created == 2
+    assert d3["w"].untyped_storage().data_ptr() == ptr1
+    assert torch.equal(d2["w"], want2["w"]) and torch.equal(d2["n"]["b"], want2["b"])
+    assert torch.equal(d3["w"], sd3["w"]) and d3["step"] == 3
+
+
+def test_max_buffers_one_waits_then_raises():
+    stager = ht.Stager(max_buffers=1, wait_timeout_s=0.3)
+    try:
+        sd1, sd2 = {"w": torch.ones(100)}, {"w": torch.full((100,), 2.0)}
+        d1 = stager.stage(sd1)
+        t0 = time.monotonic()
+        with pytest.raises(hostreg.StagingError, match="max_buffers"):
+            stager.stage(sd2)
+        waited = time.monotonic() - t0
+        assert 0.3 <= waited < 10, waited
+        assert torch.equal(d1["w"], torch.ones(100)), "the busy buffer was overwritten"
+        assert stager.arenas_created == 1
+        del d1
+        d2 = stager.stage(sd2)  # free again: reused, no new arena
+        assert torch.equal(d2["w"], sd2["w"]) and stager.arenas_created == 1
+        del d2
+    finally:
+        stager.close()
+
+
+def test_close_releases_everything():
+    gc.collect()
+    regs0, locked0 = hostreg.stats().registrations, hostreg.locked_bytes()
+    fds0 = shm_fds()
+    stager = ht.Stager()
+    d1 = stager.stage({"w": torch.randn(1 << 18), "b": torch.ones(3)})
+    d2 = stager.stage({"w": torch.randn(1 << 18), "b": torch.ones(3)})
+    assert hostreg.stats().registrations == regs0 + 2
+    assert hostreg.locked_bytes() - locked0 >= 2 * (1 << 20)
+    want = d1["w"].clone()
+    stager.close()
+    stager.close()  # idempotent
+    assert hostreg.stats().registrations == regs0
+    assert hostreg.locked_bytes() == locked0
+    assert torch.equal(d1["w"], want), "tensors still held must stay valid after close()"
+    with pytest.raises(RuntimeError):
+        stager.stage({"w": torch.randn(1 << 18), "b": torch.ones(3)})
+    del d1, d2
+    gc.collect()
+    assert shm_fds() == fds0, "shared-memory descriptors outlived the stager and its tensors"
+
+
+def test_stage_rejects_non_dict(stager):
+    with pytest.raises(TypeError):
+        stager.stage([torch.ones(3)])
+    assert stager.arenas_created == 0
+
+
+# ---- two ranks over gloo -----------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_state_dict(rank: int) -> dict:
+    torch.manual_seed(0)  # replicated entries equal on every rank, as DCP expects
+    model = Net()
+    return {"model": model.state_dict(), f"rank{rank}": torch.full((5,), float(rank) + 0.5)}
+
+
+def load_rank(path: str, like: dict) -> dict:
+    out = {
+        "model": {k: torch.full_like(v, 7) for k, v in like["model"].items()},
+        **{k: torch.zeros_like(v) for k, v in like.items() if k != "model"},
+    }
+    dcp.load(out, checkpoint_id=path)
+    return out
+
+
+def assert_rank_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    assert_same(a["model"], b["model"])
+    for k in a:
+        if k != "model":
+            assert torch.equal(a[k], b[k]), k
+
+
+def _rank_main(rank: int, world: int, port: int, path: str, mode: str, q) -> None:
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+        warnings.filterwarnings("ignore")
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+        )
+        stager = ht.Stager()
+        sd = rank_state_dict(rank)
+        want = {"model": snapshot(sd["model"]), **{k: v.clone() for k, v in sd.items() if k != "model"}}
+        if mode == "thread":
+            for i in range(3):
+                dcp.async_save(sd, checkpoint_id=f"{path}/t{i}", async_stager=stager).result(timeout=120)
+            assert stager.arenas_created == 1 and hostreg.stats().registrations == 1
+            assert_rank_same(load_rank(f"{path}/t2", sd), want)
+        else:
+            kind = state_dict_saver.AsyncCheckpointerType.PROCESS
+            res = dcp.async_save(sd, checkpoint_id=f"{path}/p", async_stager=stager, async_checkpointer_type=kind)
+            res.result(timeout=120)
+            from torch.distributed.checkpoint import _async_process_executor as ape
+
+            assert ape._CHECKPOINT_PROCESS is not None, "the background-process checkpointer did not run"
+            assert ape._CHECKPOINT_PROCESS._save_process.pid != os.getpid()
+            assert stager.arenas_created == 1 and hostreg.stats().registrations == 1
+            assert_rank_same(load_rank(f"{path}/p", sd), want)
+        stager.close()
+        assert hostreg.stats().registrations == 0 and hostreg.locked_bytes() == 0
+        dist.barrier()
+        dist.destroy_process_group()
+        q.put((rank, None))
+    except BaseException:
+        q.put((rank, traceback.format_exc()))
+
+
+def run_ranks(tmp_path, mode: str, world: int = 2, timeout: float = 180) -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(tmp_path), mode, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                rank, err = q.get(timeout=min(left, 5))
+                results[rank] = err
+            except Exception:  # queue.Empty: check the ranks are still alive
+                if any(p.exitcode not in (None, 0) for p in procs) and q.empty():
+                    time.sleep(1)
+                    if q.empty():
+                        break
+        for p in procs:
+            p.join(timeout=max(1, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        q.close()
+    errors = {r: e for r, e in results.items() if e}
+    assert not errors, "\n".join(f"rank {r}:\n{e}" for r, e in errors.items())
+    assert len(results) == world, f"ranks reported {sorted(results)}; exit codes {[p.exitcode for p in procs]}"
+    assert [p.exitcode for p in procs] == [0] * world
+
+
+def test_two_ranks_async_save_and_load(tmp_path):
+    run_ranks(tmp_path, "thread")
+
+
+@pytest.mark.skipif(
+    not hasattr(getattr(state_dict_saver, "AsyncCheckpointerType", None), "PROCESS"),
+    reason="this torch has no AsyncCheckpointerType.PROCESS",
+)
+def test_two_ranks_background_process_checkpointer(tmp_path):
+    run_ranks(tmp_path, "process")

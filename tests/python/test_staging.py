@@ -1,0 +1,545 @@
+"""Fast staging: hostreg.torch.create_cpu_state_dict / copy_state_dict put a whole state dict
+in one shared arena, registered once (python/hostreg/_staging.py).
+
+Compared with PyTorch's own _create_cpu_state_dict / _check_state_dict_similarity /
+_copy_state_dict; registration and locking checked with hostreg's registry and the kernel's
+VmLck. Failure paths (RLIMIT_MEMLOCK, a 64 MiB /dev/shm) run in child processes."""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import subprocess
+import textwrap
+from collections import OrderedDict
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch.distributed._state_dict_utils import (
+    _check_state_dict_similarity,
+    _copy_state_dict,
+    _create_cpu_state_dict,
+)
+
+import hostreg
+import hostreg.torch as ht
+from conftest import low_memlock, run_python
+
+pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state:UserWarning")
+
+ALIGN = ht.ALIGNMENT
+MiB = 1 << 20
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def tensors_of(obj) -> list[torch.Tensor]:
+    """Tensors of a nested dict/list/tuple in traversal (insertion) order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in tensors_of(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in tensors_of(v)]
+    return []
+
+
+def structure(obj):
+    """Comparable description: containers, keys (in order), tensor shapes/dtypes, other values."""
+    if isinstance(obj, torch.Tensor):
+        return ("tensor", tuple(obj.shape), obj.dtype)
+    if isinstance(obj, dict):
+        return ("dict", [(k, structure(v)) for k, v in obj.items()])
+    if isinstance(obj, list):
+        return ("list", [structure(v) for v in obj])
+    if isinstance(obj, tuple):
+        return ("tuple", [structure(v) for v in obj])
+    if isinstance(obj, io.BytesIO):
+        return ("BytesIO", obj.getvalue())
+    return (type(obj).__name__, obj)
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """The logical values of t as bytes (works for every dtype, NaN, conj/neg views, 0-d)."""
+    return t.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw(a), raw(b))
+
+
+def expected_offsets(tensors: list[torch.Tensor]) -> list[int]:
+    """The documented layout: traversal order, each tensor at the next multiple of ALIGNMENT."""
+    out, off = [], 0
+    for t in tensors:
+        off = -(-off // ALIGN) * ALIGN
+        out.append(off)
+        off += t.numel() * t.element_size()
+    return out
+
+
+def check_one_arena(src_tensors: list[torch.Tensor], staged_tensors: list[torch.Tensor], *, registered: bool) -> None:
+    """Every staged tensor is a contiguous view into one storage at the documented offset,
+    no two overlap, and (registered) one live registration covers all their bytes."""
+    assert len(src_tensors) == len(staged_tensors)
+    base = staged_tensors[0].untyped_storage().data_ptr()
+    reg = hostreg.registration(base)
+    assert (reg is not None) == registered
+    # The arena starts at the first tensor (offset 0 of the layout): the storage's first byte
+    # for shared memory; up to ALIGNMENT - 1 bytes in for ordinary (64-byte-aligned) memory.
+    start = staged_tensors[0].storage_offset() * staged_tensors[0].element_size()
+    assert start < ALIGN and (base + start) % ALIGN == 0
+    for s, d, off in zip(src_tensors, staged_tensors, expected_offsets(src_tensors)):
+        off += start
+        assert d.untyped_storage().data_ptr() == base, "not a view into the one arena"
+        assert d.device.type == "cpu" and d.dtype == s.dtype and d.shape == s.shape
+        assert d.is_contiguous()
+        assert d.storage_offset() * d.element_size() == off
+        assert (base + off) % ALIGN == 0
+        assert off + d.nbytes <= d.untyped_storage().nbytes()
+        if d.nbytes:
+            assert d.data_ptr() == base + off
+            if registered:
+                r = hostreg.registration(d.data_ptr())
+                assert r == reg, "a tensor lies outside the arena's registration"
+                assert reg.base <= d.data_ptr() and d.data_ptr() + d.nbytes <= reg.base + reg.nbytes
+    spans = sorted((d.data_ptr(), d.data_ptr() + d.nbytes) for d in staged_tensors if d.nbytes)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), "staged tensors overlap"
+
+
+def rich_state_dict() -> dict:
+    saved = io.BytesIO()
+    torch.save(torch.arange(4.0), saved)
+    saved.seek(0)
+    return {
+        "weight": torch.randn(8, 4),
+        "opt": OrderedDict([("exp_avg", torch.arange(6, dtype=torch.int64)), ("step", torch.tensor(3))]),
+        "list": [1, 2.5, "three", b"four", torch.ones(2, 3, dtype=torch.float16), None],
+        "tuple": (torch.zeros(0, 3), {"deep": torch.randn(5, dtype=torch.float64)}, 7),
+        "buffer": saved,
+        "raw": saved.getvalue(),
+        "lr": 0.1,
+        "name": "model",
+    }
+
+
+def random_like(shape, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if dtype.is_complex:
+        return torch.randn(shape, dtype=dtype)
+    if dtype.is_floating_point:
+        return (torch.randn(shape) * 4).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(max(info.min, -(1 << 31)), min(info.max, (1 << 31) - 1), shape, dtype=dtype)
+
+
+ALL_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+] + [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+
+
+@pytest.fixture
+def baseline():
+    gc.collect()
+    return hostreg.stats().registrations, hostreg.locked_bytes()
+
+
+def released(baseline) -> bool:
+    gc.collect()
+    return (hostreg.stats().registrations, hostreg.locked_bytes()) == baseline
+
+
+# ---- structure and PyTorch compatibility -----------------------------------------------
+
+
+def test_same_structure_and_values_as_torch():
+    src = rich_state_dict()
+    ref = _create_cpu_state_dict(src)  # torch's: plain CPU tensors, no cudart needed
+    staged = ht.create_cpu_state_dict(src, pin_memory=True, share_memory=True)
+
+    assert structure(staged) == structure(ref) == structure(src)
+    # Non-tensor values are copies, not the caller's objects; dict subclasses keep their type.
+    assert staged["buffer"] is not src["buffer"] and staged["buffer"].getvalue() == src["raw"]
+    assert staged["list"][:4] == [1, 2.5, "three", b"four"] and staged["list"][5] is None
+    assert staged["tuple"][2] == 7 and staged["lr"] == 0.1 and staged["name"] == "model"
+    assert isinstance(staged["opt"], OrderedDict) and isinstance(staged["tuple"], tuple)
+
+    assert _check_state_dict_similarity(src, staged)
+    assert _check_state_dict_similarity(staged, src)
+    assert not _check_state_dict_similarity(dict(src, weight=torch.randn(8, 5)), staged)
+    assert not _check_state_dict_similarity(dict(src, weight=torch.randn(8, 4, dtype=torch.float64)), staged)
+    del staged, ref
+
+
+@pytest.mark.parametrize("copier", ["hostreg", "torch"])
+def test_copy_values(copier: str):
+    src = rich_state_dict()
+    staged = ht.create_cpu_state_dict(src)
+    if copier == "hostreg":
+        assert ht.copy_state_dict(src, staged) is staged
+    else:
+        _copy_state_dict(src, staged)
+    for s, d in zip(tensors_of(src), tensors_of(staged)):
+        assert same_values(s, d)
+    assert torch.equal(torch.load(io.BytesIO(staged["buffer"].getvalue()), weights_only=True), torch.arange(4.0))
+    # The staged copy is independent of the source.
+    src["weight"].add_(1)
+    assert not torch.equal(staged["weight"], src["weight"])
+
+
+# ---- one arena, one registration, really locked ----------------------------------------
+
+
+def test_one_shared_registered_arena(baseline):
+    src = rich_state_dict()
+    src["big"] = torch.randn(3, 100_003)  # odd byte counts, several pages
+    src["scalar"] = torch.tensor(2.5, dtype=torch.float64)
+    regs0, locked0 = baseline
+
+    staged = ht.create_cpu_state_dict(src, pin_memory=True, share_memory=True)
+    s_list, d_list = tensors_of(src), tensors_of(staged)
+    total = sum(t.nbytes for t in s_list)
+
+    assert hostreg.stats().registrations == regs0 + 1
+    check_one_arena(s_list, d_list, registered=True)
+    assert all(d.is_shared() for d in d_list)
+    assert all(d.data_ptr() % ALIGN == 0 for d in d_list if d.nbytes)
+    assert hostreg.locked_bytes() - locked0 >= total
+    # 0-d tensors are placed in the arena and registered (PyTorch's path leaves them unpinned).
+    for d in (staged["opt"]["step"], staged["scalar"]):
+        assert d.dim() == 0 and hostreg.registration(d.data_ptr()) is not None
+
+    ht.copy_state_dict(src, staged)
+    assert all(same_values(s, d) for s, d in zip(s_list, d_list))
+
+    del staged, d_list, d
+    assert released(baseline), "registration or lock outlived the staged state dict"
+
+
+def test_registration_lives_while_any_view_lives(baseline):
+    staged = ht.create_cpu_state_dict({"a": torch.ones(1000), "b": torch.ones(10)})
+    keep = staged["b"]
+    del staged
+    gc.collect()
+    r = hostreg.registration(keep.data_ptr())
+    assert r is not None and hostreg.stats().registrations == baseline[0] + 1
+    keep.fill_(3.0)  # still valid memory
+    assert torch.equal(keep, torch.full((10,), 3.0))
+    del keep
+    assert released(baseline)
+
+
+def test_all_dtypes_0d_and_empty(baseline):
+    src = {}
+    for dt in ALL_DTYPES:
+        name = str(dt).removeprefix("torch.")
+        src[name] = random_like((7, 3), dt)
+        src[f"{name}.0d"] = random_like((), dt)
+        src[f"{name}.odd"] = random_like((5,), dt)
+        src[f"{name}.empty"] = torch.empty((0, 3), dtype=dt)
+    staged = ht.create_cpu_state_dict(src)
+    assert hostreg.stats().registrations == baseline[0] + 1
+    check_one_arena(list(src.values()), list(staged.values()), registered=True)
+    for k in src:
+        if k.endswith(".empty"):
+            assert staged[k].shape == (0, 3) and staged[k].numel() == 0
+        if k.endswith(".0d"):
+            assert staged[k].dim() == 0 and hostreg.registration(staged[k].data_ptr()) is not None
+    ht.copy_state_dict(src, staged)
+    for k in src:
+        assert same_values(src[k], staged[k]), k
+    del staged
+    assert released(baseline)
+
+
+def test_empty_only_state_dict(baseline):
+    src = {"e": torch.empty(0, 3), "f": torch.empty(0, dtype=torch.int64), "n": 1}
+    staged = ht.create_cpu_state_dict(src)
+    assert [tuple(t.shape) for t in tensors_of(staged)] == [(0, 3), (0,)] and staged["n"] == 1
+    assert ht.copy_state_dict(src, staged) is staged
+    del staged
+    assert released(baseline)
+
+
+def noncontiguous_sources() -> dict:
+    c = torch.randn(6, 5, dtype=torch.complex64)
+    return {
+        "transposed": torch.randn(5, 7).t(),
+        "stepped": torch.arange(80.0).view(8, 10)[::2, 1::3],
+        "expanded": torch.randn(3, 1).expand(3, 4),
+        "channels_last": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        "int_stepped": torch.arange(100, dtype=torch.int16)[::7],
+        "conj": c.conj(),
+        "neg": c._neg_view(),
+        "bf16_t": torch.randn(4, 9).to(torch.bfloat16).t(),
+    }
+
+
+@pytest.mark.parametrize("copier", ["hostreg", "torch"])
+def test_noncontiguous_sources(copier: str, baseline):
+    src = noncontiguous_sources()
+    staged = ht.create_cpu_state_dict(src)
+    check_one_arena(list(src.values()), list(staged.values()), registered=True)
+    (ht.copy_state_dict if copier == "hostreg" else _copy_state_dict)(src, staged)
+    for k in src:
+        d = staged[k]
+        assert d.is_contiguous() and not d.is_conj() and not d.is_neg(), k
+        assert same_values(src[k], d), k
+    del staged, d
+    assert released(baseline)
+
+
+def test_parameters_accepted():
+    m = torch.nn.Linear(7, 3)
+    src = {"weight": m.weight, "bias": m.bias, "plain": torch.nn.Parameter(torch.ones(4), requires_grad=False)}
+    staged = ht.create_cpu_state_dict(src)
+    check_one_arena(list(src.values()), list(staged.values()), registered=True)
+    ht.copy_state_dict(src, staged)
+    assert all(torch.equal(staged[k], src[k].detach()) for k in src)
+    assert not any(t.requires_grad for t in staged.values())
+    del staged
+
+
+class DTensorLike(torch.Tensor):
+    """A tensor subclass standing in for DTensor / ShardedTensor."""
+
+
+@pytest.mark.parametrize(
+    "bad, cause",
+    [
+        (lambda: torch.ones(4, 4).as_subclass(DTensorLike), "DTensorLike"),
+        (lambda: torch.eye(4).to_sparse(), "sparse"),
+        (lambda: torch.eye(4).to_sparse_csr(), "sparse_csr"),
+    ],
+    ids=["subclass", "sparse_coo", "sparse_csr"],
+)
+def test_unsupported_tensor_raises_type_error(bad, cause: str, baseline):
+    src = {"good": torch.ones(1 << 16), "nested": {"bad": bad()}}
+    with pytest.raises(TypeError) as exc:
+        ht.create_cpu_state_dict(src)
+    assert cause in str(exc.value)
+    assert "nested.bad" in str(exc.value), "the message should say which entry"
+    del exc
+    assert released(baseline), "a failed staging left a registration or lock behind"
+
+
+@pytest.mark.parametrize("pin, share", [(False, True), (True, False), (False, False)])
+def test_pin_and_share_options(pin: bool, share: bool, baseline):
+    src = {"a": torch.randn(300, 7), "b": torch.arange(10), "c": torch.tensor(1.0)}
+    staged = ht.create_cpu_state_dict(src, pin_memory=pin, share_memory=share)
+    d_list = list(staged.values())
+    check_one_arena(list(src.values()), d_list, registered=pin)
+    if share:  # a shared arena is a mapping of its own: page-aligned, so offsets are addresses
+        assert d_list[0].untyped_storage().data_ptr() % ALIGN == 0
+    assert all(d.is_shared() == share for d in d_list)
+    assert hostreg.stats().registrations == baseline[0] + int(pin)
+    if pin:
+        assert hostreg.locked_bytes() - baseline[1] >= sum(t.nbytes for t in d_list)
+    else:
+        assert hostreg.locked_bytes() == baseline[1]
+    ht.copy_state_dict(src, staged)
+    assert all(torch.equal(src[k], staged[k]) for k in src)
+    del staged, d_list
+    assert released(baseline)
+
+
+# ---- sharing with other processes ------------------------------------------------------
+
+
+def _child_writes(t: torch.Tensor, q) -> None:
+    # Runs in a spawned child: report what it received, then write into it.
+    q.put((t.is_shared(), t.tolist()))
+    t.copy_(torch.arange(100, 100 + t.numel(), dtype=t.dtype).view(t.shape))
+
+
+def test_staged_tensor_passes_to_spawned_child_without_copy(baseline):
+    src = {"pad": torch.ones(3), "x": torch.arange(12, dtype=torch.int32).view(3, 4)}
+    staged = ht.create_cpu_state_dict(src)
+    ht.copy_state_dict(src, staged)
+    x = staged["x"]
+    ptr, reg = x.data_ptr(), hostreg.registration(x.data_ptr())
+    assert reg is not None
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_writes, args=(x, q))
+    p.start()
+    try:
+        shared, seen = q.get(timeout=120)
+        p.join(timeout=60)
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert p.exitcode == 0
+    assert shared and seen == src["x"].tolist()
+    # The parent sees the child's write: same memory, not a copy. The tensor did not move.
+    assert torch.equal(x, torch.arange(100, 112, dtype=torch.int32).view(3, 4))
+    assert x.data_ptr() == ptr and hostreg.registration(ptr) == reg
+    assert torch.equal(staged["pad"], torch.ones(3))
+    q.close()
+    del staged, x
+    assert released(baseline)
+
+
+# ---- copy_state_dict -------------------------------------------------------------------
+
+
+def test_copy_rejects_other_tensor_count():
+    staged = ht.create_cpu_state_dict({"a": torch.ones(3), "b": torch.ones(3)})
+    with pytest.raises(ValueError):
+        ht.copy_state_dict({"a": torch.ones(3)}, staged)
+    with pytest.raises(ValueError):
+        ht.copy_state_dict({"a": torch.ones(3), "b": torch.ones(3), "c": torch.ones(3)}, staged)
+    del staged
+
+
+def test_copy_rejects_other_shape():
+    staged = ht.create_cpu_state_dict({"a": torch.ones(3), "b": torch.zeros(2, 3)})
+    before = staged["b"].clone()
+    with pytest.raises(ValueError, match=r"\(3, 2\)"):
+        ht.copy_state_dict({"a": torch.ones(3), "b": torch.ones(3, 2)}, staged)
+    assert torch.equal(staged["b"], before)
+    with pytest.raises(ValueError):
+        ht.copy_state_dict({"a": torch.ones(3), "b": torch.ones(6)}, staged)
+    del staged
+
+
+def test_copy_rejects_other_keys():
+    # copy_state_dict's docstring: "Raises ValueError when the structures ... differ".
+    staged = ht.create_cpu_state_dict({"a": torch.zeros(3), "b": torch.zeros(3)})
+    outcomes = []
+    for src in ({"a": torch.ones(3), "c": torch.ones(3)}, [torch.ones(3), torch.ones(3)]):
+        try:
+            ht.copy_state_dict(src, staged)
+            outcomes.append(f"no error copying {type(src).__name__} {list(src.keys()) if isinstance(src, dict) else ''}")
+        except ValueError:
+            outcomes.append("ValueError")
+    del staged  # release before asserting: a failing test must not leak into the next ones
+    assert outcomes == ["ValueError", "ValueError"]
+
+
+def test_copy_with_keys_in_another_order_goes_by_key():
+    # Same keys, another insertion order: values must land under their own key (as
+    # PyTorch's _copy_state_dict does), or the call must refuse; never under another key.
+    staged = ht.create_cpu_state_dict({"b": torch.zeros(3), "a": torch.zeros(3)})
+    src = {"a": torch.full((3,), 1.0), "b": torch.full((3,), 2.0)}
+    try:
+        ht.copy_state_dict(src, staged)
+        result = {k: v.tolist() for k, v in staged.items()}
+    except ValueError:
+        result = None
+    del staged
+    assert result in (None, {"b": [2.0, 2.0, 2.0], "a": [1.0, 1.0, 1.0]}), f"values landed under other keys: {result}"
+
+
+def many_and_large() -> dict:
+    g = torch.Generator().manual_seed(1)
+    small = {f"s{i}": torch.randint(-(1 << 31), 1 << 31, (1024,), dtype=torch.int32, generator=g) for i in range(3000)}
+    odd = {f"o{i}": torch.randint(0, 256, (4096 + 37 * i,), dtype=torch.uint8, generator=g) for i in range(7)}
+    return {"small": small, "odd": odd, "large": torch.randn(16 * MiB, generator=g)}  # 64 MiB
+
+
+def check_copied(src: dict, dst: dict) -> None:
+    for k in src["small"]:
+        assert torch.equal(dst["small"][k], src["small"][k]), k
+    for k in src["odd"]:
+        assert torch.equal(dst["odd"][k], src["odd"][k]), k
+    assert torch.equal(dst["large"], src["large"])
+
+
+@pytest.mark.parametrize("threads", [0, 1, 3, 7])
+def test_copy_many_small_and_one_large(threads: int, baseline):
+    src = many_and_large()
+    staged = ht.create_cpu_state_dict(src)
+    assert hostreg.stats().registrations == baseline[0] + 1
+    check_one_arena(tensors_of(src), tensors_of(staged), registered=True)
+    assert ht.copy_state_dict(src, staged, threads=threads) is staged
+    check_copied(src, staged)
+
+    # Second copy, new values, into the same staged dict: same memory, no new registration.
+    stats1, locked1 = hostreg.stats(), hostreg.locked_bytes()
+    ptrs = [t.data_ptr() for t in tensors_of(staged)]
+    for t in tensors_of(src):
+        t.bitwise_not_() if not t.is_floating_point() else t.neg_()
+    ht.copy_state_dict(src, staged, threads=threads)
+    check_copied(src, staged)
+    assert hostreg.stats() == stats1 and hostreg.locked_bytes() == locked1
+    assert [t.data_ptr() for t in tensors_of(staged)] == ptrs
+    del staged
+    assert released(baseline)
+
+
+# ---- failure paths (child processes) ---------------------------------------------------
+
+FAILURE_SCRIPT = textwrap.dedent(
+    """
+    import gc, json, os
+    import torch, hostreg, hostreg.torch as ht
+    src = {{"w": torch.empty({nbytes}, dtype=torch.uint8)}}
+    out = {{"raised": None}}
+    try:
+        ht.create_cpu_state_dict(src)
+    except hostreg.StagingError as e:
+        out["raised"] = str(e)
+    except BaseException as e:
+        out["raised"] = "WRONG " + type(e).__name__ + ": " + str(e)
+    gc.collect()
+    out["registrations"] = hostreg.stats().registrations
+    out["vmlck"] = hostreg.locked_bytes()
+    out["shm"] = sorted(os.listdir("/dev/shm"))
+    out["shm_size"] = os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def run_failure(nbytes: int, *prefix: str) -> dict:
+    import json
+
+    r = run_python(FAILURE_SCRIPT.format(nbytes=nbytes), *prefix, timeout=120)
+    assert r.returncode == 0, f"the process did not survive (rc {r.returncode}):\n{r.stdout}\n{r.stderr}"
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")]
+    assert line, r.stdout + r.stderr
+    return json.loads(line[-1][len("RESULT") :])
+
+
+def test_memlock_limit_raises_staging_error():
+    out = run_failure(64 * MiB, *low_memlock(8192))
+    assert out["raised"] and not out["raised"].startswith("WRONG"), out
+    assert "RLIMIT_MEMLOCK" in out["raised"]
+    assert out["registrations"] == 0 and out["vmlck"] == 0
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a private /dev/shm needs root")
+
+
+@needs_root
+def test_small_dev_shm_raises_staging_error():
+    # A private mount namespace with a 64 MiB /dev/shm (the container default); stage 256 MiB.
+    small_shm = ("unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" "$@"')
+    probe = subprocess.run([*small_shm, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private /dev/shm here: {probe.stderr.strip()}")
+    out = run_failure(256 * MiB, *small_shm)
+    assert out["shm_size"] == 64 * MiB
+    msg = out["raised"]
+    assert msg and not msg.startswith("WRONG"), out
+    assert "/dev/shm" in msg and "67,108,864" in msg and "268,435,456" in msg, msg
+    assert out["shm"] == [], "staging left files in /dev/shm"
+    assert out["registrations"] == 0 and out["vmlck"] == 0
