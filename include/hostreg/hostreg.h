@@ -132,16 +132,19 @@ typedef struct hostregArena hostregArena;
 /* Creates an unnamed shared-memory file of `bytes` bytes for staging and stores its
  * descriptor (close-on-exec; the caller owns it) in *fd: O_TMPFILE in /dev/shm (or
  * $HOSTREG_SHM_DIR), mode 0600, so it has no name to guess and vanishes with its last
- * descriptor; memfd_create where that is impossible. Every page is reserved (fallocate), so a
- * full /dev/shm answers 2 (cudaErrorMemoryAllocation) here, with a message naming it, its
- * size, its free bytes and the bytes needed, never a SIGBUS at a later write. Nothing is
- * left behind on failure. Returns 0, 1 (0 bytes, NULL fd) or 2. */
+ * descriptor; memfd_create where that is impossible. Answers 2 (cudaErrorMemoryAllocation)
+ * at once, with a message naming /dev/shm, its size, its free bytes and the bytes needed,
+ * when it plainly lacks the space. Pages are allocated by hostregPrepareMemory on a mapping
+ * of it. Nothing is left behind on failure. Returns 0, 1 (0 bytes, NULL fd) or 2. */
 HOSTREG_API int hostregSharedMemoryCreate(size_t bytes, int* fd);
 
-/* Populates the pages of [ptr, ptr + bytes) inside the kernel without changing a byte
- * (MADV_POPULATE_WRITE, Linux 5.14; skipped on older kernels). Returns 0, 1 (NULL or 0
- * bytes) or 2 (out of memory, or shared memory full). */
-HOSTREG_API int hostregPrepareMemory(void* ptr, size_t bytes);
+/* Allocates and maps every page of [ptr, ptr + bytes) inside the kernel, with several
+ * threads, without changing a byte (MADV_POPULATE_WRITE, Linux 5.14; skipped on older
+ * kernels). Afterwards no write to the range can fault for lack of memory: a full /dev/shm
+ * answers 2 here (with fd >= 0, the file the range maps, the message names its
+ * filesystem, size, free bytes and the bytes needed), never a SIGBUS later. Returns 0, 1
+ * (NULL or 0 bytes) or 2. */
+HOSTREG_API int hostregPrepareMemory(void* ptr, size_t bytes, int fd);
 
 /* Registers [ptr, ptr + bytes) as page-aligned chunks of at most max_chunk_bytes (0: the
  * backend's cap, e.g. 256 GiB for CUDA, whose driver r580+ refuses 512 GiB or more in one

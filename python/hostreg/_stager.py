@@ -38,7 +38,7 @@ class _Buffer:
     def issue(self, source: dict) -> StagedDict:
         """A new top-level container over this buffer's tensors, non-tensors copied from source."""
         tensors = iter(self.staged.tensors)
-        out = StagedDict(_rebuild(source, lambda p, t: next(tensors), copy.deepcopy))
+        out = StagedDict(_rebuild(source, lambda t: next(tensors), copy.deepcopy))
         self._issued = weakref.ref(out)
         return out
 

@@ -43,8 +43,8 @@ class Arena:
 
     - ``share=True``: torch shared memory (``UntypedStorage._new_shared``), so views pass
       through ``torch.multiprocessing`` without a copy; else ordinary CPU memory.
-    - Before anything is handed out, every page is reserved (an unnamed ``/dev/shm`` file,
-      ``hostregSharedMemoryCreate``) and populated (``hostregPrepareMemory``): a full
+    - Before anything is handed out, every page is allocated (an unnamed ``/dev/shm`` file,
+      ``hostregSharedMemoryCreate``, populated by ``hostregPrepareMemory``): a full
       ``/dev/shm`` or memory limit raises :class:`StagingError` naming ``/dev/shm``, its size
       and the bytes needed, never a SIGBUS later.
     - ``pin=True``: registered through the active backend (``hostregArenaRegister``, split
@@ -68,22 +68,29 @@ class Arena:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         self.nbytes = nbytes
         size = max(nbytes, 1)
+        fd = -1
         if share:
-            # An unnamed /dev/shm file with every page reserved (hostregSharedMemoryCreate):
-            # a full /dev/shm raises here. torch maps its own duplicate of the descriptor.
+            # An unnamed /dev/shm file (hostregSharedMemoryCreate); torch maps its own
+            # duplicate of the descriptor.
             code, fd = _hostreg.shared_memory_create(size)
             if code != 0:
                 _raise_last(f"cannot stage {nbytes:,} bytes")
             try:
                 self.storage = torch.UntypedStorage._new_shared_fd_cpu(fd, size)
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
         else:
             # The CPU allocator aligns to 64 bytes: take ALIGNMENT more and start aligned.
             self.storage = torch.UntypedStorage(size + ALIGNMENT)
         self._start = -self.storage.data_ptr() % ALIGNMENT if not share else 0
         ptr, size = self.storage.data_ptr(), size + self._start  # the whole storage from its first byte
-        if _hostreg.prepare_memory(ptr, size) != 0:
+        # Every page allocated now, in the kernel and in parallel: a full /dev/shm raises
+        # here, never as a SIGBUS at a later write (registering then only locks).
+        code = _hostreg.prepare_memory(ptr, size, fd)
+        if fd >= 0:
+            os.close(fd)
+        if code != 0:
             self.storage = None  # type: ignore[assignment]
             _raise_last(f"cannot stage {nbytes:,} bytes")
         self.chunks = 0
@@ -107,23 +114,13 @@ class Arena:
 
     def view(self, offset: int, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """A contiguous tensor of ``shape`` and ``dtype`` at byte ``offset`` of the arena."""
-        first = (self._start + offset) // _itemsize(dtype)
+        first = (self._start + offset) // dtype.itemsize
         return torch.empty(0, dtype=dtype).set_(self.storage, first, shape, _contiguous_strides(shape))
 
     def close(self) -> None:
         """Undo the registration now (views stay valid, no longer page-locked). Idempotent."""
         if self._finalizer is not None:
             self._finalizer()
-
-
-_ITEMSIZE: dict[torch.dtype, int] = {}
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    n = _ITEMSIZE.get(dtype)
-    if n is None:
-        n = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
-    return n
 
 
 def _contiguous_strides(shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
@@ -148,23 +145,27 @@ def _check_tensor(path: str, t: torch.Tensor) -> None:
         raise TypeError(f"{path}: hostreg staging takes strided tensors, not {t.layout}")
 
 
-def _rebuild(obj: Any, leaf: Callable[[str, torch.Tensor], Any], other: Callable[[Any], Any], path: str = "") -> Any:
+def _rebuild(obj: Any, leaf: Callable[[torch.Tensor], Any], other: Callable[[Any], Any]) -> Any:
     """Copy of a nested dict/list/tuple structure with tensors mapped by ``leaf`` and other
     values by ``other``. Dict subclasses (OrderedDict) and named tuples keep their type."""
-    if isinstance(obj, torch.Tensor):
-        return leaf(path, obj)
-    if isinstance(obj, dict):
-        items = [(k, _rebuild(v, leaf, other, f"{path}.{k}" if path else str(k))) for k, v in obj.items()]
-        try:
-            return type(obj)(items)
-        except TypeError:
-            return dict(items)
-    if isinstance(obj, (list, tuple)):
-        items = [_rebuild(v, leaf, other, f"{path}.{i}" if path else str(i)) for i, v in enumerate(obj)]
-        if isinstance(obj, list):
-            return items
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    return other(obj)
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return leaf(v)
+        if isinstance(v, dict):
+            items = [(k, walk(x)) for k, x in v.items()]
+            try:
+                return type(v)(items)
+            except TypeError:
+                return dict(items)
+        if isinstance(v, (list, tuple)):
+            items = [walk(x) for x in v]
+            if isinstance(v, list):
+                return items
+            return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+        return other(v)
+
+    return walk(obj)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -193,7 +194,18 @@ def _flatten(obj: Any) -> tuple[list[torch.Tensor], Any]:
 def _paths(obj: Any) -> dict[tuple, torch.Tensor]:
     """{path of keys and indices: tensor} for every tensor of a nested state dict."""
     out: dict[tuple, torch.Tensor] = {}
-    _rebuild(obj, lambda p, t: out.__setitem__(tuple(p.split(".")), t), lambda v: v)
+
+    def walk(v: Any, path: tuple) -> None:
+        if isinstance(v, torch.Tensor):
+            out[path] = v
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, (*path, k))
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                walk(x, (*path, i))
+
+    walk(obj, ())
     return out
 
 
@@ -206,18 +218,18 @@ class _Slot:
 
 
 def _layout(state_dict: Any) -> tuple[list[_Slot], int]:
+    tensors = _tensors(state_dict)
+    for t in tensors:
+        if (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)) or t.layout != torch.strided:
+            path = next(p for p, x in _paths(state_dict).items() if x is t)
+            _check_tensor(".".join(map(str, path)), t)
     slots: list[_Slot] = []
     offset = 0
-
-    def place(path: str, t: torch.Tensor) -> None:
-        nonlocal offset
-        _check_tensor(path, t)
-        nbytes = t.numel() * _itemsize(t.dtype)
+    for t in tensors:
         offset = -(-offset // ALIGNMENT) * ALIGNMENT
+        nbytes = t.numel() * t.element_size()
         slots.append(_Slot(offset, t.shape, t.dtype, nbytes))
         offset += nbytes
-
-    _rebuild(state_dict, place, lambda v: v)
     return slots, offset
 
 
@@ -325,7 +337,7 @@ def stage_layout(state_dict: Any, *, pin_memory: bool = True, share_memory: bool
     slots, total = _layout(state_dict)
     arena = Arena(total, pin=pin_memory, share=share_memory)
     views = iter([arena.view(s.offset, s.shape, s.dtype) for s in slots])
-    staged = _rebuild(state_dict, lambda p, t: next(views), copy.deepcopy)
+    staged = _rebuild(state_dict, lambda t: next(views), copy.deepcopy)
     return StagedStateDict(staged, _tensors(staged), arena)
 
 
@@ -363,8 +375,8 @@ def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
     if s_skel != d_skel:  # keys in another order (go by key, as PyTorch does), or other keys
         by_path, d_paths = _paths(src), list(_paths(dst))
         if set(by_path) != set(d_paths) or len(s_list) != len(d_list):
-            missing = sorted(".".join(p) for p in set(d_paths) - set(by_path))[:3]
-            extra = sorted(".".join(p) for p in set(by_path) - set(d_paths))[:3]
+            missing = sorted(".".join(map(str, p)) for p in set(d_paths) - set(by_path))[:3]
+            extra = sorted(".".join(map(str, p)) for p in set(by_path) - set(d_paths))[:3]
             raise ValueError(f"source and destination differ in structure (missing {missing}, extra {extra})")
         s_list = [by_path[p] for p in d_paths]
     plan = getattr(dst, "_hostreg_plan", None)

@@ -114,7 +114,7 @@ const char* hostregBackendName(void) {
 
 int hostregSharedMemoryCreate(size_t bytes, int* fd) { return record(hostreg::create_shared_memory(bytes, fd)); }
 
-int hostregPrepareMemory(void* ptr, size_t bytes) { return record(hostreg::prepare_memory(ptr, bytes)); }
+int hostregPrepareMemory(void* ptr, size_t bytes, int fd) { return record(hostreg::prepare_memory(ptr, bytes, fd)); }
 
 // The C handle is the C++ arena.
 struct hostregArena : hostreg::Arena {};

@@ -2,10 +2,10 @@
 // registered as one unit.
 //
 // create_shared_memory makes an unnamed shared-memory file (O_TMPFILE in /dev/shm, mode 0600;
-// memfd where that is impossible) with every page reserved (fallocate), so a full /dev/shm
-// is an error naming it, its size and the bytes needed, never a SIGBUS at a later write.
-// prepare_memory populates a range's pages inside the kernel (MADV_POPULATE_WRITE), faster
-// than faulting them in one by one from user space. Neither changes a byte.
+// memfd where that is impossible), refusing at once when /dev/shm plainly lacks the bytes.
+// prepare_memory then allocates and maps every page of a mapping inside the kernel
+// (MADV_POPULATE_WRITE, several threads), so a /dev/shm that fills up is an error naming
+// it, its size and the bytes needed, never a SIGBUS at a later write. Neither changes a byte.
 //
 // Arena registers a region through the registry in page-aligned chunks no larger than the
 // backend's max_registration (CUDA r580+ refuses one registration of 512 GiB or more), and
@@ -21,7 +21,7 @@
 namespace hostreg {
 
 Status create_shared_memory(size_t bytes, int* fd);
-Status prepare_memory(void* ptr, size_t bytes);
+Status prepare_memory(void* ptr, size_t bytes, int fd);
 
 class Arena {
 public:

@@ -121,11 +121,12 @@ NB_MODULE(_hostreg, m) {
         nb::arg("nbytes"), "hostregSharedMemoryCreate: (cudaError number, fd or -1); the caller closes fd.");
     m.def(
         "prepare_memory",
-        [](uintptr_t ptr, size_t nbytes) {
+        [](uintptr_t ptr, size_t nbytes, int fd) {
             nb::gil_scoped_release nogil;
-            return hostregPrepareMemory(as_ptr(ptr), nbytes);
+            return hostregPrepareMemory(as_ptr(ptr), nbytes, fd);
         },
-        nb::arg("ptr"), nb::arg("nbytes"), "hostregPrepareMemory: populate without changing bytes. Returns a cudaError number.");
+        nb::arg("ptr"), nb::arg("nbytes"), nb::arg("fd") = -1,
+        "hostregPrepareMemory: allocate and map every page without changing bytes. Returns a cudaError number.");
     m.def(
         "arena_register",
         [](uintptr_t ptr, size_t nbytes, unsigned flags, size_t max_chunk) {
