@@ -145,27 +145,28 @@ def _check_tensor(path: str, t: torch.Tensor) -> None:
         raise TypeError(f"{path}: hostreg staging takes strided tensors, not {t.layout}")
 
 
+# The walkers below are plain recursive functions, not nested closures: a recursive closure
+# is a reference cycle, and anything it holds (the staged views) would then live until the
+# garbage collector runs instead of being freed, and unregistered, at once.
+
+
 def _rebuild(obj: Any, leaf: Callable[[torch.Tensor], Any], other: Callable[[Any], Any]) -> Any:
     """Copy of a nested dict/list/tuple structure with tensors mapped by ``leaf`` and other
     values by ``other``. Dict subclasses (OrderedDict) and named tuples keep their type."""
-
-    def walk(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return leaf(v)
-        if isinstance(v, dict):
-            items = [(k, walk(x)) for k, x in v.items()]
-            try:
-                return type(v)(items)
-            except TypeError:
-                return dict(items)
-        if isinstance(v, (list, tuple)):
-            items = [walk(x) for x in v]
-            if isinstance(v, list):
-                return items
-            return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
-        return other(v)
-
-    return walk(obj)
+    if isinstance(obj, torch.Tensor):
+        return leaf(obj)
+    if isinstance(obj, dict):
+        items = [(k, _rebuild(x, leaf, other)) for k, x in obj.items()]
+        try:
+            return type(obj)(items)
+        except TypeError:
+            return dict(items)
+    if isinstance(obj, (list, tuple)):
+        values = [_rebuild(x, leaf, other) for x in obj]
+        if isinstance(obj, list):
+            return values
+        return type(obj)(*values) if hasattr(obj, "_fields") else type(obj)(values)
+    return other(obj)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -177,35 +178,31 @@ def _flatten(obj: Any) -> tuple[list[torch.Tensor], Any]:
     """(the tensors in :func:`_rebuild`'s order, the skeleton: containers and keys without
     the tensors, equal for two state dicts exactly when their tensors match by position)."""
     found: list[torch.Tensor] = []
-
-    def walk(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            found.append(v)
-            return 0
-        if isinstance(v, dict):
-            return (tuple(v.keys()), tuple([walk(x) for x in v.values()]))
-        if isinstance(v, (list, tuple)):
-            return (len(v), tuple([walk(x) for x in v]))
-        return None
-
-    return found, walk(obj)
+    return found, _skeleton(obj, found)
 
 
-def _paths(obj: Any) -> dict[tuple, torch.Tensor]:
+def _skeleton(v: Any, found: list[torch.Tensor]) -> Any:
+    if isinstance(v, torch.Tensor):
+        found.append(v)
+        return 0
+    if isinstance(v, dict):
+        return (tuple(v.keys()), tuple([_skeleton(x, found) for x in v.values()]))
+    if isinstance(v, (list, tuple)):
+        return (len(v), tuple([_skeleton(x, found) for x in v]))
+    return None
+
+
+def _paths(obj: Any, path: tuple = (), out: dict[tuple, torch.Tensor] | None = None) -> dict[tuple, torch.Tensor]:
     """{path of keys and indices: tensor} for every tensor of a nested state dict."""
-    out: dict[tuple, torch.Tensor] = {}
-
-    def walk(v: Any, path: tuple) -> None:
-        if isinstance(v, torch.Tensor):
-            out[path] = v
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                walk(x, (*path, k))
-        elif isinstance(v, (list, tuple)):
-            for i, x in enumerate(v):
-                walk(x, (*path, i))
-
-    walk(obj, ())
+    out = {} if out is None else out
+    if isinstance(obj, torch.Tensor):
+        out[path] = obj
+    elif isinstance(obj, dict):
+        for k, x in obj.items():
+            _paths(x, (*path, k), out)
+    elif isinstance(obj, (list, tuple)):
+        for i, x in enumerate(obj):
+            _paths(x, (*path, i), out)
     return out
 
 

@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -35,6 +36,15 @@
 
 namespace hostreg {
 namespace {
+
+// mlock(2) / munlock(2) as system calls: sanitizer runtimes (ASan, TSan) replace the libc
+// wrappers with no-ops, which would make every success here a lie under a sanitizer build.
+int lock_pages(uintptr_t addr, size_t len) {
+    return static_cast<int>(syscall(SYS_mlock, addr, len));
+}
+int unlock_pages(uintptr_t addr, size_t len) {
+    return static_cast<int>(syscall(SYS_munlock, addr, len));
+}
 
 // Does this process hold CAP_IPC_LOCK (bit 14 of CapEff)?
 bool has_cap_ipc_lock() {
@@ -122,7 +132,7 @@ void release_edges(const Pages& p) {
     for (uintptr_t pg : {p.first, p.last}) {
         auto it = edges().refs.find(pg);
         if (--it->second == 0) {
-            munlock(reinterpret_cast<void*>(pg), page_size());  // ENOMEM if unmapped: no lock left
+            unlock_pages(pg, page_size());  // ENOMEM if unmapped: no lock left
             edges().refs.erase(it);
         }
         if (p.first == p.last) break;
@@ -141,13 +151,13 @@ std::string posix_describe() {
 
 Status posix_register(void* ptr, size_t bytes, unsigned /*flags*/, void** device_ptr) {
     const Pages p = pages_of(ptr, bytes);
-    if (p.interior_len() && mlock(reinterpret_cast<void*>(p.interior()), p.interior_len()) != 0) {
+    if (p.interior_len() && lock_pages(p.interior(), p.interior_len()) != 0) {
         const int err = errno;
         // Linux locks the mapped pages before a hole, then answers ENOMEM: undo that (the
         // registry checked the range was mapped, so a hole means it was unmapped meanwhile).
         // Other failures (RLIMIT_MEMLOCK) lock nothing, and the caller's own locks stay.
         if (!range_mapped(p.interior(), p.interior_len()))
-            munlock(reinterpret_cast<void*>(p.interior()), p.interior_len());
+            unlock_pages(p.interior(), p.interior_len());
         return lock_failure(err, p.interior(), p.interior_len());
     }
     {
@@ -155,10 +165,10 @@ Status posix_register(void* ptr, size_t bytes, unsigned /*flags*/, void** device
         for (uintptr_t pg : {p.first, p.last}) {
             // Locked even when another registration already holds the page: mlock is
             // idempotent, and that holder may be stale (memory unmapped while registered).
-            if (mlock(reinterpret_cast<void*>(pg), page_size()) != 0) {
+            if (lock_pages(pg, page_size()) != 0) {
                 const int err = errno;
                 if (pg == p.last && p.last != p.first) release_edges(Pages{p.first, p.first});
-                if (p.interior_len()) munlock(reinterpret_cast<void*>(p.interior()), p.interior_len());
+                if (p.interior_len()) unlock_pages(p.interior(), p.interior_len());
                 return lock_failure(err, pg, page_size());
             }
             ++edges().refs[pg];
@@ -173,7 +183,7 @@ Status posix_unregister(void* ptr, size_t bytes) {
     const Pages p = pages_of(ptr, bytes);
     // munlock fails with ENOMEM only where the memory was unmapped meanwhile, which already
     // dropped its lock; the registration is gone either way.
-    if (p.interior_len()) munlock(reinterpret_cast<void*>(p.interior()), p.interior_len());
+    if (p.interior_len()) unlock_pages(p.interior(), p.interior_len());
     std::lock_guard<std::mutex> g(edges().mu);
     release_edges(p);
     return Status::ok();
