@@ -1,29 +1,15 @@
 """hostreg for PyTorch: the ``torch.cuda.cudart()`` drop-in and fast state-dict staging.
 
-Staging (:func:`create_cpu_state_dict`, :func:`copy_state_dict`, :class:`Stager`,
-:class:`Arena`) puts a whole state dict in one shared, registered arena; see
-``hostreg/_staging.py``.
-
-The drop-in makes ``torch.cuda.cudart()`` work where CUDA is absent, with real page-locking.
-
-PyTorch's shared+pinned state-dict path (``_create_cpu_state_dict(..., share_memory=True,
-pin_memory=True)``, DCP staging) calls ``torch.cuda.cudart().cudaHostRegister(ptr, size, 1)``
-directly (``shared/reference/torch-integration.md``). Without CUDA ``cudart()`` raises
-``AssertionError("Torch not compiled with CUDA enabled")`` or, under Ascend's
-``transfer_to_npu``, returns ``None``. :func:`install` wraps ``torch.cuda.cudart`` so those
-two cases answer :func:`hostreg.cudart` instead; real CUDA is kept where it works, and every
-other exception (e.g. the ``RuntimeError`` of a bad fork) propagates.
+- The drop-in (:func:`install`, :func:`uninstall`, :func:`is_installed`; ``hostreg/_dropin.py``)
+  makes ``torch.cuda.cudart()`` work where CUDA is absent, with real page-locking.
+- Staging (:func:`create_cpu_state_dict`, :func:`copy_state_dict`, :class:`Stager`,
+  :class:`Arena`; ``hostreg/_staging.py``, ``hostreg/_stager.py``) puts a whole state dict
+  in one shared, registered arena.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
-import warnings
-from typing import Any, Callable
-
-from . import _core
-from ._cudart import cudart as _hostreg_cudart
+from ._dropin import install, is_installed, uninstall
 from ._stager import Stager
 from ._staging import ALIGNMENT, Arena, StagedDict, copy_state_dict, create_cpu_state_dict
 
@@ -38,84 +24,3 @@ __all__ = [
     "is_installed",
     "uninstall",
 ]
-
-# AssertionError messages of torch.cuda._lazy_init that mean "no CUDA runtime here".
-_NO_CUDA = ("Torch not compiled with CUDA enabled", "libcudart functions unavailable")
-
-_original: Callable[[], Any] | None = None  # torch.cuda.cudart before install()
-
-
-def _wrap(original: Callable[[], Any]) -> Callable[[], Any]:
-    @functools.wraps(original)
-    def cudart() -> Any:
-        try:
-            runtime = original()
-        except AssertionError as e:
-            if any(m in str(e) for m in _NO_CUDA):
-                return _hostreg_cudart()
-            raise
-        return _hostreg_cudart() if runtime is None else runtime
-
-    cudart.__hostreg_original__ = original  # type: ignore[attr-defined]
-    return cudart
-
-
-def _targets() -> list[Any]:
-    """Modules that hold a ``cudart`` name bound to torch's function."""
-    import torch.cuda
-
-    mods = [torch.cuda]
-    profiler = sys.modules.get("torch.cuda.profiler")  # binds `from . import cudart`
-    if profiler is not None:
-        mods.append(profiler)
-    return mods
-
-
-def install() -> None:
-    """Route ``torch.cuda.cudart()`` to hostreg wherever torch has no CUDA runtime.
-
-    Idempotent. Imports torch. After it, ``torch.cuda.cudart()`` returns torch's own
-    ``torch._C._cudart`` when that works, and :func:`hostreg.cudart` when torch returns
-    ``None`` or raises one of the "no CUDA" ``AssertionError``\\ s; other exceptions
-    propagate unchanged.
-    """
-    global _original
-    if _original is not None:
-        return
-    import torch.cuda
-
-    original = torch.cuda.cudart
-    wrapper = _wrap(original)
-    for mod in _targets():
-        if getattr(mod, "cudart", None) is original:
-            mod.cudart = wrapper
-    _original = original
-
-
-def uninstall() -> None:
-    """Restore torch's own ``torch.cuda.cudart``. No-op if not installed.
-
-    Warns if registrations are still live: PyTorch's finalizers unregister them through
-    ``torch.cuda.cudart()``, which will fail again once hostreg is gone.
-    """
-    global _original
-    if _original is None:
-        return
-    for mod in _targets():
-        current = getattr(mod, "cudart", None)
-        if getattr(current, "__hostreg_original__", None) is _original:
-            mod.cudart = _original
-    _original = None
-    live = _core.stats().registrations
-    if live:
-        warnings.warn(
-            f"hostreg.torch.uninstall(): {live} registrations are still live; PyTorch's "
-            "finalizers will not be able to unregister them through torch.cuda.cudart()",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-
-
-def is_installed() -> bool:
-    """Whether :func:`install` is in effect."""
-    return _original is not None

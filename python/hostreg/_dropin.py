@@ -1,0 +1,107 @@
+"""The ``torch.cuda.cudart()`` drop-in (re-exported by :mod:`hostreg.torch`).
+
+PyTorch's shared+pinned state-dict path (``_create_cpu_state_dict(..., share_memory=True,
+pin_memory=True)``, DCP staging) calls ``torch.cuda.cudart().cudaHostRegister(ptr, size, 1)``
+directly (``shared/reference/torch-integration.md``). Without CUDA ``cudart()`` raises
+``AssertionError("Torch not compiled with CUDA enabled")`` or, under Ascend's
+``transfer_to_npu``, returns ``None``. :func:`install` wraps ``torch.cuda.cudart`` so those
+two cases answer :func:`hostreg.cudart` instead; real CUDA is kept where it works, and every
+other exception (e.g. the ``RuntimeError`` of a bad fork) propagates.
+
+This module imports neither torch nor hostreg's staging code, so ``hostreg.auto`` can
+install the drop-in while torch itself is still being imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import warnings
+from typing import Any, Callable
+
+from . import _core
+from ._cudart import cudart as _hostreg_cudart
+
+# AssertionError messages of torch.cuda._lazy_init that mean "no CUDA runtime here".
+_NO_CUDA = ("Torch not compiled with CUDA enabled", "libcudart functions unavailable")
+
+_original: Callable[[], Any] | None = None  # torch.cuda.cudart before install()
+
+
+def _wrap(original: Callable[[], Any]) -> Callable[[], Any]:
+    @functools.wraps(original)
+    def cudart() -> Any:
+        try:
+            runtime = original()
+        except AssertionError as e:
+            if any(m in str(e) for m in _NO_CUDA):
+                return _hostreg_cudart()
+            raise
+        return _hostreg_cudart() if runtime is None else runtime
+
+    cudart.__hostreg_original__ = original  # type: ignore[attr-defined]
+    return cudart
+
+
+def _cuda_module() -> Any:
+    # importlib, not `import torch.cuda`: this also works while torch itself is still being
+    # imported (hostreg.auto installs right after torch.cuda is executed).
+    return sys.modules.get("torch.cuda") or importlib.import_module("torch.cuda")
+
+
+def _targets() -> list[Any]:
+    """Modules that hold a ``cudart`` name bound to torch's function."""
+    mods = [_cuda_module()]
+    profiler = sys.modules.get("torch.cuda.profiler")  # binds `from . import cudart`
+    if profiler is not None:
+        mods.append(profiler)
+    return mods
+
+
+def install() -> None:
+    """Route ``torch.cuda.cudart()`` to hostreg wherever torch has no CUDA runtime.
+
+    Idempotent. Imports torch. After it, ``torch.cuda.cudart()`` returns torch's own
+    ``torch._C._cudart`` when that works, and :func:`hostreg.cudart` when torch returns
+    ``None`` or raises one of the "no CUDA" ``AssertionError``\\ s; other exceptions
+    propagate unchanged.
+    """
+    global _original
+    if _original is not None:
+        return
+    original = _cuda_module().cudart
+    wrapper = _wrap(original)
+    for mod in _targets():
+        if getattr(mod, "cudart", None) is original:
+            mod.cudart = wrapper
+    _original = original
+
+
+def uninstall() -> None:
+    """Restore torch's own ``torch.cuda.cudart``. No-op if not installed.
+
+    Warns if registrations are still live: PyTorch's finalizers unregister them through
+    ``torch.cuda.cudart()``, which will fail again once hostreg is gone.
+    """
+    global _original
+    if _original is None:
+        return
+    for mod in _targets():
+        current = getattr(mod, "cudart", None)
+        if getattr(current, "__hostreg_original__", None) is _original:
+            mod.cudart = _original
+    _original = None
+    live = _core.stats().registrations
+    if live:
+        warnings.warn(
+            f"hostreg.torch.uninstall(): {live} registrations are still live; PyTorch's "
+            "finalizers will not be able to unregister them through torch.cuda.cudart()",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def is_installed() -> bool:
+    """Whether :func:`install` is in effect."""
+    return _original is not None
