@@ -9,6 +9,7 @@ returned as :class:`hostreg.cudaError` codes, never raised, as CUDA does.
 from __future__ import annotations
 
 import enum
+import logging
 import operator
 from typing import NamedTuple
 
@@ -34,6 +35,28 @@ class Registration(NamedTuple):
     flags: HostRegisterFlags  #: flags passed to host_register
     device_ptr: int  #: device address of base (posix backend: base itself)
     backend: str  #: backend that locked it ("posix", "cuda", ...)
+
+
+log = logging.getLogger("hostreg")
+log.addHandler(logging.NullHandler())  # silent unless the application configures logging
+
+# Failures that are the caller's (bad arguments, overlap, unknown pointer) log at DEBUG; the
+# environment's (cannot lock, no backend, not supported) at WARNING.
+_CALLERS = frozenset({1, 712, 713})
+_announced = False
+
+
+def _checked(call: str, code: int) -> cudaError:
+    """cudaError of a C call's result, logging the backend once and every failure."""
+    global _announced
+    if not _announced:
+        _announced = True
+        log.info("backend %s selected", _hostreg.backend_name())
+    err = cudaError(code)
+    if code:
+        _, native, message = _hostreg.last_error()
+        log.log(logging.DEBUG if code in _CALLERS else logging.WARNING, "%s: %s, native %d: %s", call, err, native, message)
+    return err
 
 
 _U64 = 1 << 64
@@ -66,9 +89,8 @@ def host_register(ptr: int, nbytes: int, flags: int = 0) -> cudaError:
     byte already registered), ``cudaErrorNotSupported`` (flag the backend cannot honour).
     :func:`last_error` then says why. The GIL is released during the call.
     """
-    return cudaError(
-        _hostreg.host_register(_uint(ptr, "ptr"), _uint(nbytes, "nbytes"), _uint(flags, "flags", _U32))
-    )
+    code = _hostreg.host_register(_uint(ptr, "ptr"), _uint(nbytes, "nbytes"), _uint(flags, "flags", _U32))
+    return _checked("cudaHostRegister", code)
 
 
 def host_unregister(ptr: int) -> cudaError:
@@ -77,7 +99,7 @@ def host_unregister(ptr: int) -> cudaError:
     Returns ``cudaError.success`` or ``cudaErrorHostMemoryNotRegistered`` when ``ptr`` is
     not the base of a live registration. The GIL is released during the call.
     """
-    return cudaError(_hostreg.host_unregister(_uint(ptr, "ptr")))
+    return _checked("cudaHostUnregister", _hostreg.host_unregister(_uint(ptr, "ptr")))
 
 
 def host_get_device_pointer(ptr: int, flags: int = 0) -> tuple[cudaError, int]:

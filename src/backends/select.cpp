@@ -62,7 +62,12 @@ int mirror_cuda(long long native) {
 }
 
 const Backend* active_backend(Status* why) {
-    static const Choice* choice = new Choice(choose());  // once; leaked for use at exit
+    static const Choice* choice = [] {  // once; leaked for use at exit
+        auto* c = new Choice(choose());
+        log(LogLevel::Info, c->backend ? std::string("backend ") + c->backend->name + " selected"
+                                       : "no backend: " + c->why.message);
+        return c;
+    }();
     if (!choice->backend && why) *why = choice->why;
     return choice->backend;
 }

@@ -3,6 +3,9 @@
 // cudaGetErrorString), so callers that print them read what they would under CUDA.
 #include "core/status.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace hostreg {
 namespace {
 
@@ -43,6 +46,18 @@ const CodeInfo* find(int code) {
 
 thread_local Status t_last;
 
+LogLevel threshold() {
+    static const LogLevel level = [] {
+        const char* env = std::getenv("HOSTREG_LOG_LEVEL");
+        const std::string v = env ? env : "";
+        if (v == "debug") return LogLevel::Debug;
+        if (v == "info") return LogLevel::Info;
+        if (v == "warning") return LogLevel::Warning;
+        return LogLevel::Off;
+    }();
+    return level;
+}
+
 }  // namespace
 
 const char* error_name(int code) {
@@ -59,8 +74,21 @@ const char* error_string(int code) {
     return c ? c->message : kUnrecognized;
 }
 
+void log(LogLevel level, const std::string& message) {
+    if (level < threshold()) return;
+    static const char* const kNames[] = {"debug", "info", "warning"};
+    std::fprintf(stderr, "hostreg %s: %s\n", kNames[static_cast<int>(level)], message.c_str());
+}
+
 int record(const Status& s) {
-    if (!s.is_ok()) t_last = s;
+    if (s.is_ok()) return s.code;
+    t_last = s;
+    const bool callers = s.code == hostregErrorInvalidValue || s.code == hostregErrorHostMemoryAlreadyRegistered ||
+                         s.code == hostregErrorHostMemoryNotRegistered;
+    if (threshold() != LogLevel::Off)
+        log(callers ? LogLevel::Debug : LogLevel::Warning,
+            std::string(error_name(s.code)) + " (" + std::to_string(s.code) + "), native " + std::to_string(s.native) +
+                ": " + s.message);
     return s.code;
 }
 

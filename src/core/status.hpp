@@ -37,4 +37,10 @@ int record(const Status& s);
 // The calling thread's last failure (code 0 if none).
 const Status& last_error();
 
+// Diagnostics on stderr, for HOSTREG_LOG_LEVEL=debug|info|warning (default: silent).
+// debug: every failure recorded; info: backend selection; warning: failures that are the
+// environment's, not the caller's (codes other than 1, 712, 713).
+enum class LogLevel { Debug = 0, Info = 1, Warning = 2, Off = 3 };
+void log(LogLevel level, const std::string& message);
+
 }  // namespace hostreg
