@@ -10,7 +10,7 @@ and for the calls hostreg cannot serve (profiler, streams, ``cudaMemGetInfo``) a
 from __future__ import annotations
 
 from . import _core, _hostreg
-from ._errors import cudaError
+from ._errors import cudaError as _CudaError
 
 
 class CudaRuntime:
@@ -21,15 +21,15 @@ class CudaRuntime:
     arguments of the wrong type (``TypeError``) or range (``ValueError``).
     """
 
-    cudaError = cudaError
+    cudaError = _CudaError
 
     @staticmethod
-    def cudaHostRegister(ptr: int, size: int, flags: int) -> cudaError:  # noqa: N802
+    def cudaHostRegister(ptr: int, size: int, flags: int) -> _CudaError:  # noqa: N802
         """Page-lock ``size`` bytes at address ``ptr``; see :func:`hostreg.host_register`."""
         return _core.host_register(ptr, size, flags)
 
     @staticmethod
-    def cudaHostUnregister(ptr: int) -> cudaError:  # noqa: N802
+    def cudaHostUnregister(ptr: int) -> _CudaError:  # noqa: N802
         """Undo the registration based at ``ptr``; see :func:`hostreg.host_unregister`."""
         return _core.host_unregister(ptr)
 
@@ -45,30 +45,30 @@ class CudaRuntime:
 
     # The calls below need a CUDA device; hostreg has none to offer, so it says so.
     @staticmethod
-    def cudaProfilerStart() -> cudaError:  # noqa: N802
+    def cudaProfilerStart() -> _CudaError:  # noqa: N802
         """Not supported without CUDA: returns ``cudaErrorNotSupported``."""
-        return cudaError.cudaErrorNotSupported
+        return _CudaError.cudaErrorNotSupported
 
     @staticmethod
-    def cudaProfilerStop() -> cudaError:  # noqa: N802
+    def cudaProfilerStop() -> _CudaError:  # noqa: N802
         """Not supported without CUDA: returns ``cudaErrorNotSupported``."""
-        return cudaError.cudaErrorNotSupported
+        return _CudaError.cudaErrorNotSupported
 
     @staticmethod
-    def cudaStreamCreate(ptr: int) -> cudaError:  # noqa: N802
+    def cudaStreamCreate(ptr: int) -> _CudaError:  # noqa: N802
         """Not supported without CUDA: returns ``cudaErrorNotSupported``."""
-        return cudaError.cudaErrorNotSupported
+        return _CudaError.cudaErrorNotSupported
 
     @staticmethod
-    def cudaStreamDestroy(ptr: int) -> cudaError:  # noqa: N802
+    def cudaStreamDestroy(ptr: int) -> _CudaError:  # noqa: N802
         """Not supported without CUDA: returns ``cudaErrorNotSupported``."""
-        return cudaError.cudaErrorNotSupported
+        return _CudaError.cudaErrorNotSupported
 
     @staticmethod
     def cudaMemGetInfo(device: int) -> tuple[int, int]:  # noqa: N802
         """Raises ``RuntimeError`` (as torch's does on error): hostreg manages no device memory."""
         raise RuntimeError(
-            f"cudaMemGetInfo({device}): {cudaError.cudaErrorNotSupported}: hostreg "
+            f"cudaMemGetInfo({device}): {_CudaError.cudaErrorNotSupported}: hostreg "
             f"({_core.backend()} backend) page-locks host memory and has no device memory to report"
         )
 

@@ -91,14 +91,14 @@ class Arena:
         if fd >= 0:
             os.close(fd)
         if code != 0:
-            self.storage = None  # type: ignore[assignment]
+            self.storage = None
             _raise_last(f"cannot stage {nbytes:,} bytes")
         self.chunks = 0
-        self._finalizer: Callable[[], Any] | None = None
+        self._finalizer: weakref.finalize | None = None
         if pin:
             code, handle, self.chunks = _hostreg.arena_register(ptr, size, int(flags), max_chunk_bytes)
             if code != 0:
-                self.storage = None  # type: ignore[assignment]
+                self.storage = None
                 _raise_last(f"cannot register {nbytes:,} bytes of staging memory")
             # Runs once: at close(), or when the last view of the storage is gone.
             self._finalizer = weakref.finalize(self.storage, _hostreg.arena_unregister, handle)

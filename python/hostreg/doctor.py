@@ -95,6 +95,8 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
     active = _hostreg.backend_name()
     reason = _hostreg.last_error()[2] if active == "none" else ""
     soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    shm: int | None
+    shm_free: int | None
     try:
         st = os.statvfs("/dev/shm")
         shm, shm_free = st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail

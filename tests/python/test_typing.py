@@ -1,0 +1,28 @@
+"""The package is typed: py.typed, generated stubs for the extension, and mypy passes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import hostreg
+from hostreg import _hostreg
+from conftest import REPO
+
+
+def test_stubs_cover_the_extension():
+    pkg = Path(hostreg.__file__).parent
+    assert (pkg / "py.typed").is_file()
+    stub = (pkg / "_hostreg.pyi").read_text()
+    public = [n for n in dir(_hostreg) if not n.startswith("_")]
+    assert public and all(f"def {n}(" in stub for n in public), "stubs are out of date"
+
+
+def test_mypy_passes_on_the_installed_package():
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"), "-p", "hostreg"],
+        capture_output=True, text=True, cwd="/", timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Success: no issues found" in r.stdout
