@@ -104,14 +104,7 @@ Status init(Acl& a) {
     return Status::ok();
 }
 
-Acl& acl() {
-    static Acl* a = [] {
-        auto* p = new Acl();  // leaked: registrations may be undone during process exit
-        p->status = init(*p);
-        return p;
-    }();
-    return *a;
-}
+Acl& acl() { return loaded_once<Acl, init>(); }
 
 // Gives the calling thread a current context if it has none (see the file comment).
 Status ensure_context() {

@@ -95,14 +95,7 @@ Status init(Cuda& c) {
     return Status::ok();
 }
 
-Cuda& cuda() {
-    static Cuda* c = [] {
-        auto* p = new Cuda();  // leaked: registrations may be undone during process exit
-        p->status = init(*p);
-        return p;
-    }();
-    return *c;
-}
+Cuda& cuda() { return loaded_once<Cuda, init>(); }
 
 // Runs call with a current context (see the file comment) and returns its CUresult.
 template <class F>

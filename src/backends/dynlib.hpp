@@ -52,6 +52,19 @@ private:
     Status status_;
 };
 
+// The one instance of a vendor backend's state T (holding a DynLib, its API and a Status),
+// made and initialised by init on first use, thread-safely. Leaked on purpose:
+// registrations may be undone during process exit, after static destructors would run.
+template <class T, Status (*init)(T&)>
+T& loaded_once() {
+    static T* instance = [] {
+        auto* t = new T();
+        t->status = init(*t);
+        return t;
+    }();
+    return *instance;
+}
+
 }  // namespace hostreg
 
 #define HOSTREG_DECLARE_FN(name, ret, args) ret(*name) args = nullptr;

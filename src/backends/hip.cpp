@@ -62,14 +62,7 @@ Status init(Hip& h) {
     return Status::ok();
 }
 
-Hip& hip() {
-    static Hip* h = [] {
-        auto* p = new Hip();  // leaked: registrations may be undone during process exit
-        p->status = init(*p);
-        return p;
-    }();
-    return *h;
-}
+Hip& hip() { return loaded_once<Hip, init>(); }
 
 Status hip_probe() { return hip().status; }
 

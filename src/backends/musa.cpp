@@ -56,14 +56,7 @@ Status init(Musa& m) {
     return Status::ok();
 }
 
-Musa& musa() {
-    static Musa* m = [] {
-        auto* p = new Musa();  // leaked: registrations may be undone during process exit
-        p->status = init(*p);
-        return p;
-    }();
-    return *m;
-}
+Musa& musa() { return loaded_once<Musa, init>(); }
 
 Status musa_probe() { return musa().status; }
 
