@@ -68,9 +68,10 @@ def test_pth_hook_is_installed_and_inert_by_default():
     assert r.stdout.strip() == "False False"
 
 
-def test_pth_hook_activates_an_unmodified_script():
+@pytest.mark.parametrize("value", ["1", "true", "YES"])
+def test_pth_hook_activates_an_unmodified_script(value: str):
     script = "import sys; assert 'torch' not in sys.modules\n" + NPU_LIKE + SCENARIO.replace("import gc, torch, hostreg", "import gc, torch\nimport hostreg")
-    r = run(script, HOSTREG_AUTO_INSTALL="1")
+    r = run(script, HOSTREG_AUTO_INSTALL=value)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.strip() == "scenario ok CudaRuntime 0"
 

@@ -101,3 +101,13 @@ def test_nan_values_verify(tmp_path: Path):
     r = stage("--checkpoint", str(tmp_path / "nan.pt"))
     assert r.returncode == 0, r.stderr
     assert row(r.stdout, "values verified") == "yes"
+
+
+def test_torch_engine_accepts_0d_tensors(tmp_path: Path):
+    # PyTorch's path leaves 0-d tensors plain (not shared, not pinned): that is not a failure.
+    torch.save({"w": torch.randn(10), "num_batches_tracked": torch.tensor(3)}, tmp_path / "bn.pt")
+    r = stage("--checkpoint", str(tmp_path / "bn.pt"), "--engine", "torch")
+    assert r.returncode == 0, r.stderr
+    assert row(r.stdout, "tensors (registered)") == "2 (1)"
+    r = stage("--checkpoint", str(tmp_path / "bn.pt"))
+    assert r.returncode == 0 and row(r.stdout, "tensors (registered)") == "2 (2)"
