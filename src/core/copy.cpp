@@ -12,6 +12,7 @@ namespace hostreg {
 namespace {
 
 constexpr size_t kMinBytesPerThread = size_t{8} << 20;  // below this a thread costs more than it gains
+constexpr size_t kPiece = size_t{256} << 10;
 
 // Copies the bytes in [lo, hi) of the concatenation of all buffers.
 void copy_span(void* const* dst, const void* const* src, const size_t* bytes, size_t n, size_t lo, size_t hi) {
@@ -20,8 +21,11 @@ void copy_span(void* const* dst, const void* const* src, const size_t* bytes, si
         const size_t end = start + bytes[i];
         if (end <= lo) continue;
         const size_t a = std::max(lo, start), b = std::min(hi, end);
-        if (b > a)  // empty tensors may have no address at all
-            std::memcpy(static_cast<char*>(dst[i]) + (a - start), static_cast<const char*>(src[i]) + (a - start), b - a);
+        // In pieces: glibc switches to non-temporal stores for one large memcpy, which ran
+        // slower than cached stores here (measured against torch's copy_, 2 GiB warm).
+        for (size_t off = a; off < b; off += kPiece)
+            std::memcpy(static_cast<char*>(dst[i]) + (off - start), static_cast<const char*>(src[i]) + (off - start),
+                        std::min(kPiece, b - off));
     }
 }
 
