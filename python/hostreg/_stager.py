@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import threading
 import time
 import weakref
 from typing import Any
@@ -34,6 +35,11 @@ class _Buffer:
 
     def busy(self) -> bool:
         return self._issued is not None and self._issued() is not None
+
+    def moved(self) -> bool:
+        """torch moved the storage elsewhere (pickled under the file_system sharing strategy):
+        the arena's registration is stale and this buffer must not be used again."""
+        return not self.plan.still_valid()
 
     def issue(self, source: dict) -> StagedDict:
         """A new top-level container over this buffer's tensors, non-tensors copied from source."""
@@ -81,6 +87,7 @@ class Stager:
         self.wait_timeout_s = wait_timeout_s
         self._pool: list[_Buffer] = []
         self._closed = False
+        self._lock = threading.Lock()  # stage() and close() from several threads take turns
         self.arenas_created = 0  #: how many arenas this stager has made (for tests, benchmarks)
 
     @property
@@ -89,13 +96,14 @@ class Stager:
 
     def stage(self, state_dict: dict[str, Any]) -> StagedDict:
         """Copy ``state_dict`` into staging memory and return the staged copy."""
-        if self._closed:
-            raise RuntimeError("Stager.stage() after close()")
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict, not {type(state_dict).__name__}")
-        buf = self._acquire(signature(state_dict), state_dict)
-        buf.plan.copy(_tensors(state_dict))
-        return buf.issue(state_dict)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("Stager.stage() after close()")
+            buf = self._acquire(signature(state_dict), state_dict)
+            buf.plan.copy(_tensors(state_dict))
+            return buf.issue(state_dict)
 
     def synchronize_staging(self) -> None:
         """Nothing to wait for: :meth:`stage` is synchronous."""
@@ -103,15 +111,19 @@ class Stager:
     def close(self) -> None:
         """Unregister and release every arena. Idempotent. Tensors still held elsewhere stay
         valid (no longer page-locked) until they are gone."""
-        for b in self._pool:
-            b.close()
-        self._pool.clear()
-        self._closed = True
+        with self._lock:
+            for b in self._pool:
+                b.close()
+            self._pool.clear()
+            self._closed = True
 
     def _acquire(self, sig: tuple, state_dict: dict[str, Any]) -> _Buffer:
         start = time.monotonic()
         collected = False
         while True:
+            for b in [b for b in self._pool if b.moved()]:  # never reuse a moved arena
+                b.close()
+                self._pool.remove(b)
             match = [b for b in self._pool if b.sig == sig]
             for b in match:
                 if not b.busy():

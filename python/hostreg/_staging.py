@@ -35,6 +35,7 @@ ALIGNMENT = 256
 
 def _raise_last(what: str) -> None:
     err = _core.last_error()
+    _core.log.warning("%s: %s, native %d: %s", what, err.code, err.native, err.message)
     raise StagingError(f"{what}: {err.code}: {err.message}")
 
 
@@ -141,8 +142,12 @@ def _check_tensor(path: str, t: torch.Tensor) -> None:
             f"{path}: hostreg staging takes plain tensors, not {type(t).__name__} "
             "(use PyTorch's _create_cpu_state_dict for DTensor/ShardedTensor)"
         )
+    if t.is_nested:
+        raise TypeError(f"{path}: hostreg staging takes plain tensors, not nested tensors")
     if t.layout != torch.strided:
         raise TypeError(f"{path}: hostreg staging takes strided tensors, not {t.layout}")
+    if t.is_quantized:
+        raise TypeError(f"{path}: hostreg staging takes plain tensors, not quantized ({t.dtype}) ones")
 
 
 # The walkers below are plain recursive functions, not nested closures: a recursive closure
@@ -217,7 +222,7 @@ class _Slot:
 def _layout(state_dict: Any) -> tuple[list[_Slot], int]:
     tensors = _tensors(state_dict)
     for t in tensors:
-        if (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)) or t.layout != torch.strided:
+        if (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)) or t.layout != torch.strided or t.is_quantized or t.is_nested:
             path = next(p for p, x in _paths(state_dict).items() if x is t)
             _check_tensor(".".join(map(str, path)), t)
     slots: list[_Slot] = []
@@ -270,12 +275,18 @@ class _CopyPlan:
         self.batchable = all(map(_is_cpu, dst)) and all(map(torch.Tensor.is_contiguous, dst))
         self.complex = any(d.is_complex for d in set(self.dtypes))
 
+    def still_valid(self) -> bool:
+        """The destinations still live where the plan says (no ``.data =``, ``set_``, or a
+        storage moved by torch, e.g. pickled under the file_system sharing strategy)."""
+        return list(map(torch.Tensor.data_ptr, self.dst)) == self.ptrs and list(map(_shape, self.dst)) == self.shapes
+
     def copy(self, src: list[torch.Tensor], threads: int = 0) -> None:
         if len(src) != len(self.dst):
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.dst)}")
         threads = threads or len(os.sched_getaffinity(0))
         if (
             self.batchable
+            and self.still_valid()
             and list(map(_shape, src)) == self.shapes
             and list(map(_dtype, src)) == self.dtypes
             and all(map(_is_cpu, src))
@@ -377,7 +388,7 @@ def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
             raise ValueError(f"source and destination differ in structure (missing {missing}, extra {extra})")
         s_list = [by_path[p] for p in d_paths]
     plan = getattr(dst, "_hostreg_plan", None)
-    if plan is None or plan.ids != list(map(id, d_list)):
+    if plan is None or plan.ids != list(map(id, d_list)) or not plan.still_valid():
         plan = _CopyPlan(d_list)
         if isinstance(dst, StagedDict):
             dst._hostreg_plan = plan

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
+import threading
 from types import ModuleType
 from typing import Any, Sequence
 
@@ -28,10 +29,17 @@ class _AfterTorchCuda(importlib.abc.MetaPathFinder):
     """Runs :func:`_install` right after ``torch.cuda`` has been executed, then removes itself."""
 
     def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
-        if name != "torch.cuda":
-            return None
+        if name != "torch.cuda" or getattr(_searching, "active", False):
+            return None  # re-entered: another finder (or a reloaded copy of this one) asked
+        _searching.active = True
+        try:
+            return self._find(name, path, target)
+        finally:
+            _searching.active = False
+
+    def _find(self, name: str, path: Sequence[str] | None, target: ModuleType | None) -> Any:
         for finder in sys.meta_path:
-            if finder is self:
+            if isinstance(finder, _AfterTorchCuda):
                 continue
             spec = getattr(finder, "find_spec", lambda *a: None)(name, path, target)
             if spec is not None and spec.loader is not None:
@@ -47,15 +55,15 @@ class _AfterTorchCuda(importlib.abc.MetaPathFinder):
         return None
 
 
+_searching = threading.local()
 _hook = _AfterTorchCuda()
 
 
 def _remove_hook() -> None:
-    if _hook in sys.meta_path:
-        sys.meta_path.remove(_hook)
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterTorchCuda)]
 
 
 if "torch.cuda" in sys.modules:
     _install()
-elif _hook not in sys.meta_path:
+elif not any(isinstance(f, _AfterTorchCuda) for f in sys.meta_path):
     sys.meta_path.insert(0, _hook)

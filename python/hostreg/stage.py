@@ -88,6 +88,7 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.numel() == 0:
         return True
+    a, b = a.resolve_conj().resolve_neg(), b.resolve_conj().resolve_neg()
     return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
@@ -200,7 +201,13 @@ def stage_state_dict(state_dict: dict[str, Any], engine: str = "hostreg", progre
     before_regs = _core.stats().registrations
     before_locked = _proc.locked_bytes()
 
-    staged, create_s, copy_s = _create_and_copy(state_dict, engine, report)
+    try:
+        staged, create_s, copy_s = _create_and_copy(state_dict, engine, report)
+    except (TypeError, RuntimeError) as e:  # tensors it cannot stage (sparse, nested, ...)
+        if isinstance(e, StagingError):
+            raise
+        gc.collect()
+        raise StagingError(f"cannot stage this state dict with the {engine} engine: {type(e).__name__}: {e}") from e
     registrations = _core.stats().registrations - before_regs
     problems, pinned, staged_bytes = _verify(state_dict, staged, engine, report)
     locked = _proc.locked_bytes() - before_locked

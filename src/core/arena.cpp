@@ -97,6 +97,10 @@ Status create_shared_memory(size_t bytes, int* fd_out) {
 
 Status prepare_memory(void* ptr, size_t bytes, int fd) {
     if (ptr == nullptr || bytes == 0) return Status::error(hostregErrorInvalidValue, "empty or NULL range");
+    const auto lo = reinterpret_cast<uintptr_t>(ptr);
+    if (lo + bytes < lo) return Status::error(hostregErrorInvalidValue, "range wraps past the end of the address space");
+    if (!range_mapped(lo, bytes))  // checked here so that EINVAL below can only mean an old kernel
+        return Status::error(hostregErrorInvalidValue, "range is not (fully) mapped memory", ENOMEM);
     // Populated by several threads at once: the kernel zeroes new pages, and that scales with
     // cores (perf-notes.md: in-kernel population is several times faster than user faults).
     const uintptr_t page = page_size();
@@ -133,20 +137,26 @@ Status Arena::register_range(void* ptr, size_t bytes, unsigned flags, size_t max
     Status why;
     const Backend* be = active_backend(&why);
     if (be == nullptr) return why;
-    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t page = page_size();
     size_t chunk = max_chunk ? std::min(max_chunk, be->max_registration) : be->max_registration;
-    chunk = std::max(page, chunk / page * page);  // chunks of whole pages: none shares a page
+    chunk = std::max<size_t>(page, chunk / page * page);
     if (ptr == nullptr || bytes == 0) return Status::error(hostregErrorInvalidValue, "empty or NULL range");
+    if (reinterpret_cast<uintptr_t>(ptr) + bytes < reinterpret_cast<uintptr_t>(ptr))
+        return Status::error(hostregErrorInvalidValue, "range wraps past the end of the address space");
+    // Chunk boundaries fall on page boundaries (counted from the page holding ptr), so no two
+    // chunks share a page even when ptr is not page-aligned.
     const auto base = reinterpret_cast<uintptr_t>(ptr);
-    for (size_t off = 0; off < bytes; off += chunk) {
-        const size_t n = std::min(chunk, bytes - off);
-        Status s = Registry::instance().host_register(reinterpret_cast<void*>(base + off), n, flags);
+    const uintptr_t end = base + bytes;
+    for (uintptr_t lo = base, next; lo < end; lo = next) {
+        const uintptr_t boundary = (lo & ~(page - 1)) + chunk;
+        next = (boundary > lo && boundary < end) ? boundary : end;
+        Status s = Registry::instance().host_register(reinterpret_cast<void*>(lo), next - lo, flags);
         if (!s.is_ok()) {
             unregister_all();
-            if (off) s.message += " (arena chunk at offset " + std::to_string(off) + ")";
+            if (lo != base) s.message += " (arena chunk at offset " + std::to_string(lo - base) + ")";
             return s;
         }
-        bases_.push_back(base + off);
+        bases_.push_back(lo);
     }
     return Status::ok();
 }

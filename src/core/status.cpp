@@ -3,6 +3,7 @@
 // cudaGetErrorString), so callers that print them read what they would under CUDA.
 #include "core/status.hpp"
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 
@@ -49,10 +50,11 @@ thread_local Status t_last;
 LogLevel threshold() {
     static const LogLevel level = [] {
         const char* env = std::getenv("HOSTREG_LOG_LEVEL");
-        const std::string v = env ? env : "";
+        std::string v = env ? env : "";
+        for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
         if (v == "debug") return LogLevel::Debug;
         if (v == "info") return LogLevel::Info;
-        if (v == "warning") return LogLevel::Warning;
+        if (v == "warning" || v == "warn") return LogLevel::Warning;
         return LogLevel::Off;
     }();
     return level;

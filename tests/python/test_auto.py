@@ -81,3 +81,8 @@ def test_pth_hook_then_hostreg_torch_imported_before_torch():
     r = run("import hostreg.torch, torch; print(torch.cuda.cudart() is hostreg.cudart(), hostreg.torch.is_installed())", HOSTREG_AUTO_INSTALL="1")
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.strip() == "True True"
+
+
+def test_two_hooks_do_not_recurse():
+    r = run("import importlib, hostreg.auto; importlib.reload(hostreg.auto); import torch, hostreg; print(torch.cuda.cudart() is hostreg.cudart())")
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr

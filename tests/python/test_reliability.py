@@ -132,3 +132,22 @@ def test_staging_memory_has_no_name_and_is_owner_only():
     assert all(stat.S_IMODE(os.stat(p).st_mode) == 0o600 for p in fd_paths)
     del staged
     gc.collect()
+
+
+def test_arena_chunks_never_share_a_page():
+    # Where a runtime caps one registration, an arena is several registrations; their
+    # boundaries fall on pages even for an unaligned start (an unshared arena starts 256-aligned).
+    from hostreg._staging import Arena
+
+    page = os.sysconf("SC_PAGESIZE")
+    a = Arena(10 * page + 123, share=False, max_chunk_bytes=4 * page)
+    try:
+        regs = hostreg.registrations()
+        assert a.chunks == len(regs) >= 3
+        spans = [(r.base // page, (r.base + r.nbytes - 1) // page) for r in regs]
+        assert all(prev_last < first for (_, prev_last), (first, _) in zip(spans, spans[1:]))
+        assert regs[0].base == a.storage.data_ptr()  # the whole storage, from its first byte
+        assert sum(r.nbytes for r in regs) == a.nbytes + (a.data_ptr - a.storage.data_ptr())
+    finally:
+        a.close()
+    assert hostreg.stats().registrations == 0

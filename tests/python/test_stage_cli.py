@@ -111,3 +111,12 @@ def test_torch_engine_accepts_0d_tensors(tmp_path: Path):
     assert row(r.stdout, "tensors (registered)") == "2 (1)"
     r = stage("--checkpoint", str(tmp_path / "bn.pt"))
     assert r.returncode == 0 and row(r.stdout, "tensors (registered)") == "2 (2)"
+
+
+def test_unusual_tensors_fail_or_verify_without_a_traceback(tmp_path: Path):
+    torch.save({"c": torch.randn(3, dtype=torch.complex64).conj()}, tmp_path / "conj.pt")
+    r = stage("--checkpoint", str(tmp_path / "conj.pt"))
+    assert r.returncode == 0, r.stderr
+    torch.save({"s": torch.eye(3).to_sparse()}, tmp_path / "sparse.pt")
+    r = stage("--checkpoint", str(tmp_path / "sparse.pt"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "strided tensors" in r.stderr

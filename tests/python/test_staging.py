@@ -543,3 +543,67 @@ def test_small_dev_shm_raises_staging_error():
     assert "/dev/shm" in msg and "67,108,864" in msg and "268,435,456" in msg, msg
     assert out["shm"] == [], "staging left files in /dev/shm"
     assert out["registrations"] == 0 and out["vmlck"] == 0
+
+
+# ---- found by a second adversarial review ----------------------------------------------
+
+
+def test_copy_follows_a_replaced_destination_tensor(baseline):
+    src = {"w": torch.full((1 << 16,), 7.0), "v": torch.ones(8)}
+    staged = ht.create_cpu_state_dict(src)
+    ht.copy_state_dict(src, staged)
+    staged["w"].data = torch.zeros(1 << 16)  # the staged tensor now lives elsewhere
+    ht.copy_state_dict({"w": torch.full((1 << 16,), 3.0), "v": torch.ones(8)}, staged)
+    assert torch.equal(staged["w"], torch.full((1 << 16,), 3.0))
+    del staged
+    assert released(baseline)
+
+
+def test_quantized_tensors_are_refused(baseline):
+    q = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+    with pytest.raises(TypeError, match="quantized"):
+        ht.create_cpu_state_dict({"q": q})
+    assert released(baseline)
+
+
+def test_stager_is_safe_from_several_threads(baseline):
+    import threading
+
+    stager = ht.Stager(max_buffers=4, wait_timeout_s=30)
+    wrong: list[int] = []
+
+    def worker(i: int) -> None:
+        for _ in range(5):
+            out = stager.stage({"w": torch.full((4096,), float(i))})
+            if not torch.equal(out["w"], torch.full((4096,), float(i))):
+                wrong.append(i)
+            del out
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == [] and stager.arenas_created <= 4
+    stager.close()
+    assert released(baseline)
+
+
+def test_file_system_sharing_strategy_moves_a_staged_dict_without_a_crash():
+    # Pickling under file_system makes torch copy the storage out of the arena; the Stager
+    # must notice, drop that arena and stage into a fresh one (was a segfault).
+    code = textwrap.dedent(
+        """
+        import io, torch, hostreg, hostreg.torch as ht, torch.multiprocessing as mp
+        from multiprocessing.reduction import ForkingPickler
+        mp.set_sharing_strategy("file_system")
+        s = ht.Stager(); sd = {"w": torch.arange(float(1 << 16))}
+        out = s.stage(sd); ForkingPickler(io.BytesIO()).dump(out); del out
+        out = s.stage(sd)
+        print(torch.equal(out["w"], sd["w"]), hostreg.stats().registrations, s.arenas_created)
+        del out; s.close(); print(hostreg.stats().registrations)
+        """
+    )
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "1", "2", "0"]
