@@ -156,7 +156,6 @@ Status acl_unregister(void* ptr, size_t /*bytes*/) {
 
 extern const Backend kAclBackend = {
     /*name=*/"acl",
-    /*locks=*/"AscendCL registration (aclrtHostRegisterV2 PINNED, or V1): page-locked for Ascend NPUs",
     /*supported=*/HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED | HOSTREG_HOST_REGISTER_READ_ONLY,
     /*max_registration=*/SIZE_MAX,
     /*probe=*/acl_probe,

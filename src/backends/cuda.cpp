@@ -142,7 +142,6 @@ Status cuda_unregister(void* ptr, size_t /*bytes*/) {
 
 extern const Backend kCudaBackend = {
     /*name=*/"cuda",
-    /*locks=*/"CUDA driver registration (cuMemHostRegister): page-locked and DMA-mapped for NVIDIA GPUs",
     /*supported=*/HOSTREG_HOST_REGISTER_ALL_FLAGS,
     /*max_registration=*/kMaxRegistration,
     /*probe=*/cuda_probe,

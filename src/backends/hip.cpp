@@ -86,7 +86,6 @@ Status hip_unregister(void* ptr, size_t /*bytes*/) {
 
 extern const Backend kHipBackend = {
     /*name=*/"hip",
-    /*locks=*/"HIP registration (hipHostRegister): page-locked and DMA-mapped for AMD GPUs",
     /*supported=*/HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED | HOSTREG_HOST_REGISTER_READ_ONLY,
     /*max_registration=*/SIZE_MAX,
     /*probe=*/hip_probe,

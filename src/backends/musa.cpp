@@ -79,7 +79,6 @@ Status musa_unregister(void* ptr, size_t /*bytes*/) {
 
 extern const Backend kMusaBackend = {
     /*name=*/"musa",
-    /*locks=*/"MUSA registration (musaHostRegister): page-locked and DMA-mapped for Moore Threads GPUs",
     /*supported=*/HOSTREG_HOST_REGISTER_ALL_FLAGS,
     /*max_registration=*/SIZE_MAX,
     /*probe=*/musa_probe,

@@ -193,7 +193,6 @@ Status posix_unregister(void* ptr, size_t bytes) {
 
 extern const Backend kPosixBackend = {
     /*name=*/"posix",
-    /*locks=*/"OS page-locking with mlock(2): resident and locked, not DMA-registered with any device",
     /*supported=*/HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED |
         HOSTREG_HOST_REGISTER_READ_ONLY,
     /*max_registration=*/SIZE_MAX,

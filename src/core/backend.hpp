@@ -16,7 +16,6 @@ namespace hostreg {
 
 struct Backend {
     const char* name;    // "posix", "cuda", ...
-    const char* locks;   // what a success means, in words, for doctor and docs
     unsigned supported;  // flag bits this backend honours; others answer 801
     size_t max_registration;  // most bytes one registration may span (arenas split above it)
 
