@@ -109,10 +109,6 @@ class Arena:
         """Address of the arena's first byte (a multiple of :data:`ALIGNMENT`)."""
         return self.storage.data_ptr() + self._start
 
-    @property
-    def pinned(self) -> bool:
-        return self._finalizer is not None and self._finalizer.alive
-
     def view(self, offset: int, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """A contiguous tensor of ``shape`` and ``dtype`` at byte ``offset`` of the arena."""
         first = (self._start + offset) // dtype.itemsize
@@ -260,14 +256,18 @@ _nbytes = operator.attrgetter("nbytes")
 
 
 class _CopyPlan:
-    """What copying into a fixed list of destination tensors needs, computed once: their
-    addresses, byte counts, shapes and dtypes. Holds the tensors (so the addresses stay
+    """What copying into a fixed list of destination tensors needs: their addresses, byte
+    counts, shapes and dtypes, measured once and again only when a destination moved. Holds the tensors (so the addresses stay
     valid). Sources are checked in bulk on every copy; any that do not fit the one-batch
     path (strided, other device or dtype, conjugate views) take ``Tensor.copy_``."""
 
     def __init__(self, dst: list[torch.Tensor]) -> None:
         self.dst = dst
         self.ids = list(map(id, dst))
+        self._measure()
+
+    def _measure(self) -> None:
+        dst = self.dst
         self.ptrs = list(map(torch.Tensor.data_ptr, dst))
         self.nbytes = list(map(_nbytes, dst))
         self.shapes = list(map(_shape, dst))
@@ -281,12 +281,14 @@ class _CopyPlan:
         return list(map(torch.Tensor.data_ptr, self.dst)) == self.ptrs and list(map(_shape, self.dst)) == self.shapes
 
     def copy(self, src: list[torch.Tensor], threads: int = 0) -> None:
+        """Copy ``src`` pairwise into the destinations (wherever they live now)."""
         if len(src) != len(self.dst):
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.dst)}")
         threads = threads or len(os.sched_getaffinity(0))
+        if not self.still_valid():  # a destination was replaced or moved: measure again
+            self._measure()
         if (
             self.batchable
-            and self.still_valid()
             and list(map(_shape, src)) == self.shapes
             and list(map(_dtype, src)) == self.dtypes
             and all(map(_is_cpu, src))
@@ -388,7 +390,7 @@ def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
             raise ValueError(f"source and destination differ in structure (missing {missing}, extra {extra})")
         s_list = [by_path[p] for p in d_paths]
     plan = getattr(dst, "_hostreg_plan", None)
-    if plan is None or plan.ids != list(map(id, d_list)) or not plan.still_valid():
+    if plan is None or plan.ids != list(map(id, d_list)):  # plan.copy checks where they live
         plan = _CopyPlan(d_list)
         if isinstance(dst, StagedDict):
             dst._hostreg_plan = plan

@@ -18,6 +18,7 @@ import torch
 
 from . import _core, _proc
 from ._errors import StagingError
+from ._staging import _paths
 from . import torch as hostreg_torch
 
 
@@ -39,16 +40,10 @@ class StageReport:
         return self.bytes_staged / 2**30 / self.copy_s if self.copy_s > 0 else float("inf")
 
 
-def iter_tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(obj: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """(dotted key, tensor) for every tensor in a nested dict/list/tuple state dict."""
-    if isinstance(obj, torch.Tensor):
-        yield prefix, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from iter_tensors(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from iter_tensors(v, f"{prefix}.{i}" if prefix else str(i))
+    for path, t in _paths(obj).items():
+        yield ".".join(map(str, path)), t
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
