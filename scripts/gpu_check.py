@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU verification of hostreg's ``cuda`` backend on a machine with an NVIDIA GPU (issue 6).
+"""GPU verification of hostreg's ``cuda`` backend on a machine with an NVIDIA GPU.
 
 Normally run by ``scripts/gpu_check.sh``, which builds hostreg with CMake, points
 ``PYTHONPATH`` at the freshly assembled package and sets ``HOSTREG_BACKEND=cuda``. Each step
@@ -73,13 +73,13 @@ SUCCESS, INVALID_VALUE, ALREADY_REGISTERED, NOT_REGISTERED = 0, 1, 712, 713
 MEMORY_TYPE = {0: "Unregistered", 1: "Host", 2: "Device", 3: "Managed"}
 MEMORY_TYPE_HOST = 1
 
-# Targets of issue 6.
+# Targets of the GPU proof.
 TARGET_VS_PINNED = 0.95  # hostreg-staged D2H >= 0.95x torch pin_memory
 TARGET_VS_PAGEABLE = 3.0  # hostreg-staged D2H >= 3x pageable
 TARGET_STAGING = 3.0  # hostreg time-to-stage >= 3x faster than PyTorch's path
 
 # Dry run: the fake timer's rates (GB/s, 1e9 bytes). D2H rates are the published H200
-# anchors of shared/reference/perf-notes.md (pageable 12, registered 51-55, mlock-only
+# anchors (DeepSpeed PR #8283, rapidsmpf PR #348: pageable 12, registered 51-55, mlock-only
 # 10-17); the staging rates are made up so that the ratio passes. --fake-gbps overrides.
 FAKE_GBPS = {"pageable": 12.0, "pin_memory": 51.0, "hostreg": 52.0, "mlock": 15.0, "stage-torch": 0.6, "stage-hostreg": 3.0}
 
@@ -840,7 +840,7 @@ def step_registration(ctx: Ctx, rows: dict[str, Row]) -> None:
 
 
 def scenario_state_dict(ctx: Ctx) -> dict:
-    """shared/reference/torch-integration.md's scenario, tensors on the device, plus one
+    """docs/pytorch.md's scenario, tensors on the device, plus one
     larger tensor."""
     torch, dev = ctx.torch, ctx.device
     saved = io.BytesIO()

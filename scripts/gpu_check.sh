@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh: verify hostreg's cuda backend on a machine with an NVIDIA GPU (issue 6).
+# scripts/gpu_check.sh: verify hostreg's cuda backend on a machine with an NVIDIA GPU.
 #
 #   scripts/gpu_check.sh                 # build (CMake, no network, no pip), then run every check
 #   scripts/gpu_check.sh --dry-run       # no GPU: CUDA driver test double, fake timer, tiny sizes

@@ -6,9 +6,10 @@
  * with none. Every success means the range really is page-locked: by the vendor runtime,
  * or (posix backend, no accelerator) by the OS with mlock(2).
  *
- * Error codes are CUDA's cudaError_t numbers (source: CUDA 13.0 driver_types.h, collected
- * in shared/reference/vendor-abi.md). Whatever the backend, the registry enforces CUDA's
- * rules itself:
+ * Error codes are CUDA's cudaError_t numbers (CUDA 13.0 driver_types.h; every member of its
+ * enum cudaError has its CUDA name and message through hostregGetErrorName/String; the
+ * vendors' facts hostreg relies on are in docs/vendors.md). Whatever the backend, the
+ * registry enforces CUDA's rules itself:
  *   - hostregHostRegister: 1 (cudaErrorInvalidValue) for a NULL pointer, 0 bytes, a range
  *     that wraps past the end of the address space, or flag bits outside
  *     Portable|Mapped|IoMemory|ReadOnly; 712 (cudaErrorHostMemoryAlreadyRegistered) when
@@ -36,7 +37,9 @@ extern "C" {
 #define HOSTREG_API
 #endif
 
-/* cudaError_t-compatible codes (CUDA 13.0 driver_types.h). */
+/* cudaError_t numbers hostreg itself answers (CUDA 13.0 driver_types.h). A vendor runtime's
+ * failure may reach callers as any other member of CUDA's enum cudaError (e.g. 201
+ * cudaErrorDeviceUninitialized, "invalid device context"); hostregGetErrorName names them all. */
 typedef enum hostregError {
     hostregSuccess = 0,
     hostregErrorInvalidValue = 1,
@@ -88,7 +91,8 @@ HOSTREG_API int hostregHostUnregister(void* ptr);
 
 /* Device address of a registered host address (any address inside a registration).
  * flags must be 0. Returns 0, or 1 (unregistered pointer, flags != 0, NULL out, or a
- * registration the runtime gave no device address, e.g. AscendCL without Mapped). */
+ * registration the runtime gave no single device address: none for its flags, or, where
+ * hostreg registered it in whole pages, pieces the runtime did not map back to back). */
 HOSTREG_API int hostregHostGetDevicePointer(void** device_ptr, void* host_ptr, unsigned int flags);
 
 /* Flags of the registration containing host_ptr. Returns 0, or 1 (unregistered, NULL out). */
@@ -168,7 +172,7 @@ HOSTREG_API int hostregCopyBatch(void* const* dst, const void* const* src, const
                                  unsigned int threads);
 
 /* Names of the backends compiled in, in the order HOSTREG_BACKEND=auto tries them
- * ("cuda", "hip", "acl", "musa", "posix"), NULL-terminated. Static storage. */
+ * ("cuda", "hip", "acl", "ze", "musa", "posix"), NULL-terminated. Static storage. */
 HOSTREG_API const char* const* hostregBackendNames(void);
 
 /* Probes one backend by name (loading and initialising its runtime once per process; it
@@ -177,6 +181,25 @@ HOSTREG_API const char* const* hostregBackendNames(void);
  * why (no library, no device, stub driver, ...); 1 for an unknown name. *detail (may be
  * NULL) stays valid until this thread's next call of this function. */
 HOSTREG_API int hostregProbeBackend(const char* name, const char** detail);
+
+/* What one backend can do here, as its probe found it (hostregBackendCapabilities). Strings
+ * are static: valid for the life of the process, never NULL (empty when unknown). */
+typedef struct hostregCapabilities {
+    unsigned int flags;      /* cudaHostRegister flags honoured (others answer 801); 0 if unavailable */
+    size_t max_registration; /* most bytes one registration may span; arenas split below it */
+    size_t granule;          /* 1: any address and size; else the runtime registers only whole
+                                granules of this many bytes, and hostreg rounds out to them,
+                                sharing partial edge granules between neighbours */
+    const char* library;     /* the runtime file loaded ("" for posix, or when none loaded) */
+    const char* version;     /* the runtime's version in its own terms */
+    const char* note;        /* what a success means with this backend */
+    const char* reason;      /* why the backend is unavailable ("" when it is available) */
+} hostregCapabilities;
+
+/* Probes the backend `name` (as hostregProbeBackend) and fills *out. Returns 0 when it is
+ * usable, else the cudaError selecting it would give (out is filled either way: library and
+ * version are known as soon as the runtime loads); 1 for an unknown name or a NULL out. */
+HOSTREG_API int hostregBackendCapabilities(const char* name, hostregCapabilities* out);
 
 /* The library's version string, "MAJOR.MINOR.PATCH". */
 HOSTREG_API const char* hostregVersion(void);

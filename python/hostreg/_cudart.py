@@ -1,7 +1,6 @@
 """``hostreg.cudart()``: a drop-in for ``torch._C._cudart`` backed by hostreg.
 
-It offers what ``torch/csrc/cuda/shared/cudart.cpp`` binds (see
-``shared/reference/torch-integration.md``): ``cudaError``, ``cudaGetErrorString``,
+It offers what ``torch/csrc/cuda/shared/cudart.cpp`` binds (see ``docs/pytorch.md``): ``cudaError``, ``cudaGetErrorString``,
 ``cudaHostRegister`` / ``cudaHostUnregister`` (really page-locking, GIL released),
 and for the calls hostreg cannot serve (profiler, streams, ``cudaMemGetInfo``) an honest
 ``cudaErrorNotSupported`` answer, never a fake success.

@@ -2,7 +2,7 @@
 
 PyTorch's shared+pinned state-dict path (``_create_cpu_state_dict(..., share_memory=True,
 pin_memory=True)``, DCP staging) calls ``torch.cuda.cudart().cudaHostRegister(ptr, size, 1)``
-directly (``shared/reference/torch-integration.md``). Without CUDA ``cudart()`` raises
+directly (``docs/pytorch.md``). Without CUDA ``cudart()`` raises
 ``AssertionError("Torch not compiled with CUDA enabled")`` or, under Ascend's
 ``transfer_to_npu``, returns ``None``. :func:`install` wraps ``torch.cuda.cudart`` so those
 two cases answer :func:`hostreg.cudart` instead; real CUDA is kept where it works, and every

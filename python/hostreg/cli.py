@@ -104,11 +104,14 @@ def _doctor(args: argparse.Namespace) -> int:
 
     out = Console()
     backends = Table(title="hostreg doctor: backends (HOSTREG_BACKEND=auto tries them in this order)")
-    for col in ("backend", "available", "library / reason"):
-        backends.add_column(col)
+    for col in ("backend", "available", "library", "version", "capabilities / reason"):
+        backends.add_column(col, overflow="fold")
     for b in d.backends:
         mark = (" [bold](auto)[/]" if b.name == d.auto else "") + (" [bold green](active)[/]" if b.name == d.active else "")
-        backends.add_row(b.name + mark, "yes" if b.available else "no", b.detail)
+        backends.add_row(
+            b.name + mark, "yes" if b.available else "no", b.library or "-", b.version or "-",
+            doctor.describe_capabilities(b) if b.available else b.detail,
+        )
     out.print(backends, soft_wrap=True)
 
     limits = Table(title="limits that decide staging", show_header=False)

@@ -18,9 +18,17 @@ DEFAULT_BYTES = 497_759_232  # the embedded default model (GPT-2 small, fp32)
 
 @dataclass
 class BackendReport:
+    """One backend as its probe found it (``hostregBackendCapabilities``)."""
+
     name: str
     available: bool
     detail: str  #: library path and version when available, else why not
+    library: str = ""  #: the runtime file loaded (real path), "" if none loaded
+    version: str = ""  #: the runtime's version in its own terms
+    flags: int = 0  #: cudaHostRegister flags honoured (others answer 801); 0 if unavailable
+    granule: int = 1  #: bytes the runtime registers in (1: any range); hostreg rounds out to them
+    max_registration: int = 0  #: most bytes one registration may span
+    note: str = ""  #: what a success means with this backend
 
 
 @dataclass
@@ -90,7 +98,8 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
     backends = []
     for name in _hostreg.backend_names():
         code, detail = _hostreg.probe_backend(name)
-        backends.append(BackendReport(name, code == 0, detail))
+        _, flags, max_registration, granule, library, version, note, _ = _hostreg.backend_capabilities(name)
+        backends.append(BackendReport(name, code == 0, detail, library, version, flags, granule, max_registration, note))
     auto = next(b.name for b in backends if b.available)
     active = _hostreg.backend_name()
     reason = _hostreg.last_error()[2] if active == "none" else ""
@@ -124,19 +133,21 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
     )
 
 
+def describe_capabilities(b: BackendReport) -> str:
+    """A backend's capabilities in words: flags honoured, granule, largest registration."""
+    from ._core import HostRegisterFlags
+
+    names = [f.name for f in HostRegisterFlags if f.value and b.flags & f.value]
+    text = "flags " + ("|".join(n for n in names if n) or "none")
+    text += ", any address" if b.granule <= 1 else f", whole {b.granule:,}-byte pages (edges shared)"
+    if b.max_registration < 2**63:
+        text += f", at most {b.max_registration / 2**30:g} GiB per registration"
+    return text
+
+
 def _backend_note(active: str, backends: list[BackendReport]) -> str:
-    if active == "posix":
-        return (
-            "the posix backend page-locks with mlock(2): memory is resident and locked, "
-            "but not registered with any device's DMA engine."
-        )
-    detail = next((b.detail for b in backends if b.name == active), "")
-    if active == "acl" and "V1 aclrtHostRegister only" in detail:
-        return (
-            "this CANN has only V1 aclrtHostRegister: only page-aligned memory registers (64 KiB "
-            "alignment is reported in practice); PyTorch's per-tensor path may fail; CANN 8.5+ lifts this."
-        )
-    return ""
+    """The active backend's own note (what a success means), from its capabilities."""
+    return next((b.note for b in backends if b.name == active), "")
 
 
 def verdict(d: Diagnosis) -> list[str]:

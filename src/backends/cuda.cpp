@@ -1,4 +1,4 @@
-// cuda.cpp: NVIDIA CUDA, through the driver API (libcuda.so.1).
+// cuda.cpp: NVIDIA CUDA, through the driver API (libcuda.so.1; calls in cuda_abi.hpp).
 //
 // Why the driver and not the runtime (libcudart): the driver library is installed with every
 // NVIDIA driver under one stable name, while libcudart comes in per-toolkit major versions
@@ -7,59 +7,40 @@
 // has no libcuda.so.1 (or only stubs/libcuda.so, whose cuInit answers 34
 // CUDA_ERROR_STUB_LIBRARY): the backend is then unavailable and "auto" falls through.
 //
-// Contexts, as the CUDA runtime does it: the caller's current context when there is one
-// (the runtime makes the selected device's primary context current, so a device chosen with
-// cudaSetDevice / torch.cuda.set_device is respected); otherwise device 0's primary context,
-// pushed for the call and popped after, so the caller's thread state is left as it was.
+// Contexts, as the CUDA runtime does it: a registration is made in the caller's current
+// context when there is one (the runtime makes the selected device's primary context
+// current, so a device chosen with cudaSetDevice / torch.cuda.set_device is respected), else
+// in device 0's primary context, retained once for the process (cuda.h: a retained primary
+// context stays active until released), pushed for the call and popped after. cuda.h's
+// CU_MEMHOSTREGISTER_PORTABLE ("considered as pinned memory by all CUDA contexts, not just the
+// one that performed the allocation") implies a registration belongs to its context, so it is
+// undone in the context it was made in, whichever thread and context the caller has then.
 //
-// Facts (vendor-abi.md "NVIDIA CUDA"; CUDA 13.0 cuda.h): cuda.h maps cuMemHostRegister and
-// cuMemHostGetDevicePointer to their _v2 symbols; registration flags are the runtime's bits
-// (Portable 0x1, DeviceMap 0x2, IoMemory 0x4, ReadOnly 0x8) and are passed through: the
-// driver decides (ReadOnly without device attribute 113 answers 801). CUresult numbers
-// mirror cudaError's for every code used here.
-#include <mutex>
+// Flags pass through (the driver decides); ReadOnly is left out of the capabilities when
+// device 0 lacks CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED (113), so it answers
+// 801 as the driver would. CUresult numbers are cudaError's: they are kept (codes.hpp).
 #include <cstdint>
 #include <string>
 
+#include "backends/codes.hpp"
+#include "backends/cuda_abi.hpp"
 #include "backends/dynlib.hpp"
-#include "core/backend.hpp"
 
 namespace hostreg {
 namespace {
 
-using CUresult = int;
-using CUdevice = int;
-using CUcontext = struct CUctx_st*;
-using CUdeviceptr = unsigned long long;
+using namespace cuda_abi;
 
 // Driver r580 and later refuse one registration of 512 GiB or more (page-table size cap;
-// vendor-abi.md, from xcena-dev/maru #64 and LMCache PR #5177): arenas split below that.
+// docs/vendors.md, from xcena-dev/maru #64 and LMCache PR #5177): arenas split below that.
 constexpr size_t kMaxRegistration = size_t{256} << 30;
 
-#define HOSTREG_CUDA_SYMBOLS(REQUIRED, OPTIONAL)                                  \
-    REQUIRED(cuInit, CUresult, (unsigned))                                        \
-    REQUIRED(cuDriverGetVersion, CUresult, (int*))                                \
-    REQUIRED(cuDeviceGetCount, CUresult, (int*))                                  \
-    REQUIRED(cuDeviceGet, CUresult, (CUdevice*, int))                             \
-    REQUIRED(cuDevicePrimaryCtxRetain, CUresult, (CUcontext*, CUdevice))          \
-    REQUIRED(cuCtxGetCurrent, CUresult, (CUcontext*))                             \
-    REQUIRED(cuCtxPushCurrent_v2, CUresult, (CUcontext))                          \
-    REQUIRED(cuCtxPopCurrent_v2, CUresult, (CUcontext*))                          \
-    REQUIRED(cuMemHostRegister_v2, CUresult, (void*, size_t, unsigned))           \
-    REQUIRED(cuMemHostUnregister, CUresult, (void*))                              \
-    REQUIRED(cuMemHostGetDevicePointer_v2, CUresult, (CUdeviceptr*, void*, unsigned)) \
-    REQUIRED(cuGetErrorName, CUresult, (CUresult, const char**))                  \
-    REQUIRED(cuGetErrorString, CUresult, (CUresult, const char**))
+HOSTREG_DEFINE_API(HOSTREG_CUDA_SYMBOLS)
 
-struct Api {
-    HOSTREG_CUDA_SYMBOLS(HOSTREG_DECLARE_FN, HOSTREG_DECLARE_FN)
-};
-
-struct Cuda {
-    DynLib lib{"HOSTREG_CUDA_LIBRARY", {"libcuda.so.1"}};
-    Api api;
-    Status status;
-    int driver_version = 0;
+struct Cuda : Runtime<Api> {
+    static constexpr const char* kLibraryEnv = "HOSTREG_CUDA_LIBRARY";
+    static constexpr const char* kLibraryNames[] = {"libcuda.so.1", nullptr};
+    static constexpr const char* kAbsent = "no NVIDIA driver";
     CUcontext primary = nullptr;  // device 0's primary context, retained for the process
 };
 
@@ -68,21 +49,20 @@ Status failure(const Api& api, const char* call, CUresult r) {
     const char* name = nullptr;
     const char* text = nullptr;
     // A stub driver cannot name its own codes: fall back to hostreg's names (same numbers).
-    if (api.cuGetErrorName(r, &name) != 0 || !name) name = error_name(mirror_cuda(r));
-    if (api.cuGetErrorString(r, &text) != 0 || !text) text = error_string(mirror_cuda(r));
+    if (api.cuGetErrorName(r, &name) != kCudaSuccess || !name) name = error_name(mirror_cuda(r));
+    if (api.cuGetErrorString(r, &text) != kCudaSuccess || !text) text = error_string(mirror_cuda(r));
     return Status::error(mirror_cuda(r),
                          std::string(call) + " failed: " + name + " (" + std::to_string(r) + "): " + text, r);
 }
 
-Status init(Cuda& c) {
-    DynLib& lib = c.lib;
+Status start(Cuda& c) {
     Api& api = c.api;
-    if (!lib.loaded()) return Status::error(lib.status().code, "no NVIDIA driver: " + lib.status().message);
-    HOSTREG_CUDA_SYMBOLS(HOSTREG_LOAD_REQUIRED, HOSTREG_LOAD_OPTIONAL)
-    api.cuDriverGetVersion(&c.driver_version);
+    int version = 0;
+    if (api.cuDriverGetVersion(&version) == kCudaSuccess)
+        c.probe.caps.version = "driver API " + std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
     if (CUresult r = api.cuInit(0)) {
         Status s = failure(api, "cuInit", r);
-        if (r == 34) s.message += " (" + lib.path() + " is the toolkit's stub, not a driver)";
+        if (r == kCudaErrorStubLibrary) s.message += " (" + c.lib.path() + " is the toolkit's stub, not a driver)";
         return s;
     }
     int count = 0;
@@ -90,50 +70,60 @@ Status init(Cuda& c) {
     if (count == 0) return Status::error(hostregErrorNoDevice, "the driver reports no CUDA device");
     CUdevice dev = 0;
     if (CUresult r = api.cuDeviceGet(&dev, 0)) return failure(api, "cuDeviceGet", r);
-    if (CUresult r = api.cuDevicePrimaryCtxRetain(&c.primary, dev))
-        return failure(api, "cuDevicePrimaryCtxRetain", r);
+    if (CUresult r = api.cuDevicePrimaryCtxRetain(&c.primary, dev)) return failure(api, "cuDevicePrimaryCtxRetain", r);
+    Capabilities& caps = c.probe.caps;
+    caps.flags = HOSTREG_HOST_REGISTER_ALL_FLAGS;
+    int read_only = 1;
+    if (api.cuDeviceGetAttribute &&
+        api.cuDeviceGetAttribute(&read_only, kAttributeReadOnlyHostRegisterSupported, dev) ==
+            kCudaSuccess &&
+        !read_only)
+        caps.flags &= ~HOSTREG_HOST_REGISTER_READ_ONLY;
+    caps.max_registration = kMaxRegistration;
+    caps.note = "page-locked and DMA-mapped by the NVIDIA driver (cuMemHostRegister)";
     return Status::ok();
 }
 
-Cuda& cuda() { return loaded_once<Cuda, init>(); }
+Cuda& cuda() { return loaded_once<Cuda, start>(); }
 
-// Runs call with a current context (see the file comment) and returns its CUresult.
+// Runs call with ctx current (nullptr: the caller's current context, else device 0's primary
+// one) and stores the context used in *used. Returns call's CUresult.
 template <class F>
-CUresult with_context(F call) {
+CUresult in_context(CUcontext ctx, CUcontext* used, F call) {
     Cuda& c = cuda();
     CUcontext current = nullptr;
-    if (c.api.cuCtxGetCurrent(&current) == 0 && current) return call();
-    if (CUresult r = c.api.cuCtxPushCurrent_v2(c.primary)) return r;
+    if (c.api.cuCtxGetCurrent(&current) != kCudaSuccess) current = nullptr;
+    if (ctx == nullptr) ctx = current ? current : c.primary;
+    *used = ctx;
+    if (ctx == current) return call();
+    if (CUresult r = c.api.cuCtxPushCurrent_v2(ctx)) return r;
     CUresult r = call();
     CUcontext popped = nullptr;
     c.api.cuCtxPopCurrent_v2(&popped);
     return r;
 }
 
-Status cuda_probe() { return cuda().status; }
+const Probe& cuda_probe() { return cuda().probe; }
 
-std::string cuda_describe() {
-    Cuda& c = cuda();
-    return c.lib.path() + ", driver API " + std::to_string(c.driver_version / 1000) + "." +
-           std::to_string(c.driver_version % 1000 / 10);
-}
-
-Status cuda_register(void* ptr, size_t bytes, unsigned flags, void** device_ptr) {
+Status cuda_register(void* ptr, size_t bytes, unsigned flags, Piece* piece) {
     Api& api = cuda().api;
     CUdeviceptr dev = 0;
-    CUresult r = with_context([&] {
+    CUcontext used = nullptr;
+    CUresult r = in_context(nullptr, &used, [&] {
         CUresult rr = api.cuMemHostRegister_v2(ptr, bytes, flags);
-        if (rr == 0 && api.cuMemHostGetDevicePointer_v2(&dev, ptr, 0) != 0) dev = 0;
+        if (rr == kCudaSuccess && api.cuMemHostGetDevicePointer_v2(&dev, ptr, 0) != kCudaSuccess) dev = 0;
         return rr;
     });
     if (r) return failure(api, "cuMemHostRegister_v2", r);
-    *device_ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(dev));
+    piece->device = reinterpret_cast<void*>(static_cast<uintptr_t>(dev));
+    piece->owner = used;
     return Status::ok();
 }
 
-Status cuda_unregister(void* ptr, size_t /*bytes*/) {
+Status cuda_unregister(void* ptr, size_t /*bytes*/, const Piece& piece) {
     Api& api = cuda().api;
-    if (CUresult r = with_context([&] { return api.cuMemHostUnregister(ptr); }))
+    CUcontext used = nullptr;
+    if (CUresult r = in_context(static_cast<CUcontext>(piece.owner), &used, [&] { return api.cuMemHostUnregister(ptr); }))
         return failure(api, "cuMemHostUnregister", r);
     return Status::ok();
 }
@@ -142,12 +132,10 @@ Status cuda_unregister(void* ptr, size_t /*bytes*/) {
 
 extern const Backend kCudaBackend = {
     /*name=*/"cuda",
-    /*supported=*/HOSTREG_HOST_REGISTER_ALL_FLAGS,
-    /*max_registration=*/kMaxRegistration,
     /*probe=*/cuda_probe,
-    /*describe=*/cuda_describe,
     /*host_register=*/cuda_register,
     /*host_unregister=*/cuda_unregister,
+    /*share=*/nullptr,
 };
 
 }  // namespace hostreg

@@ -1,6 +1,7 @@
 // dynlib.cpp: see dynlib.hpp.
 #include "backends/dynlib.hpp"
 
+#include <limits.h>
 #include <link.h>
 
 #include <cstdlib>
@@ -8,8 +9,9 @@
 
 namespace hostreg {
 
-DynLib::DynLib(const char* override_env, std::initializer_list<const char*> names) {
-    std::vector<std::string> candidates(names.begin(), names.end());
+void DynLib::open(const char* override_env, const char* const* names) {
+    std::vector<std::string> candidates;
+    for (const char* const* n = names; *n; ++n) candidates.emplace_back(*n);
     const char* forced = std::getenv(override_env);
     if (forced && *forced) {
         if (forced[0] != '/') {
@@ -33,13 +35,15 @@ DynLib::DynLib(const char* override_env, std::initializer_list<const char*> name
         return;
     }
     const link_map* map = nullptr;
-    if (dlinfo(handle_, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name) path_ = map->l_name;
+    if (dlinfo(handle_, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name) {
+        char real[PATH_MAX];
+        path_ = realpath(map->l_name, real) ? real : map->l_name;  // the file itself, not a link to it
+    }
 }
 
-const Status& DynLib::missing(const char* sym) {
-    status_ = Status::error(hostregErrorInitializationError,
-                            path_ + " lacks the symbol " + sym + " (runtime too old or not the right library)");
-    return status_;
+Status DynLib::missing(const char* sym) const {
+    return Status::error(hostregErrorInitializationError,
+                         path_ + " lacks the symbol " + sym + " (runtime too old or not the right library)");
 }
 
 }  // namespace hostreg

@@ -1,84 +1,89 @@
-// hip.cpp: AMD ROCm, through the HIP runtime (libamdhip64.so).
+// hip.cpp: AMD ROCm, through the HIP runtime (libamdhip64.so; calls in hip_abi.hpp).
 //
 // HIP's runtime keeps its own current device and context, as CUDA's runtime does, so this
-// backend only translates flags and codes.
-//
-// Facts (vendor-abi.md "AMD ROCm, HIP"; ROCm include/hip/hip_runtime_api.h and clr's
-// hipamd/src/hip_memory.cpp): flags Default 0, Portable 0x1, Mapped 0x2 as in CUDA; IoMemory
-// 0x4 is "not supported" (newer clr answers InvalidValue), so hostreg answers 801 itself;
-// ReadOnly 0x8 is the same bit as hipExtHostRegisterCoarseGrained, so passing it would
-// silently change the memory's coherence: hostreg accepts ReadOnly (a hint that the device
-// only reads, always safe to drop) and never passes the bit. Codes mirror CUDA's. The device
-// address may differ from the host address: it is asked for with hipHostGetDevicePointer.
-#include <cstdint>
+// backend only translates flags and codes. Facts from ROCm's clr, hipamd/src/hip_memory.cpp
+// (ihipHostRegister / ihipHostUnregister), and hip_runtime_api.h; see docs/vendors.md "HIP":
+// - Flags: Portable 0x1 and Mapped 0x2 as CUDA's. clr registers every range the same way
+//   (CL_MEM_USE_HOST_PTR | CL_MEM_SVM_ATOMICS) and never reads bit 0x8
+//   (hipHostRegisterReadOnly, "ignored on AMD devices"; hipExtHostRegisterCoarseGrained in
+//   ROCm 5.x headers), so ReadOnly is passed through harmlessly. IoMemory 0x4 is honoured by
+//   current clr on Linux (ROCCLR_MEM_IO_MEMORY) and accepted by older ones; a runtime that
+//   answers hipErrorInvalidValue for it did not take it, which hostreg reports as 801.
+// - clr answers hipErrorInvalidValue (1), not hipErrorOutOfMemory, when it cannot pin the
+//   memory (`if (!mem->create(...)) ... return hipErrorInvalidValue`). hostreg has already
+//   checked every argument, so a 1 here means the pin failed: reported as 2
+//   (cudaErrorMemoryAllocation), the native 1 and clr's reason kept.
+// - clr never answers 712: an overlap only logs, and ROCr keeps overlapping locks. The
+//   registry refuses overlaps itself. Unregistering a pointer inside a registration aborts
+//   the process inside clr; the registry passes only the exact base it registered.
+// - The device address may differ from the host address: asked with hipHostGetDevicePointer.
 #include <string>
 
+#include "backends/codes.hpp"
 #include "backends/dynlib.hpp"
-#include "core/backend.hpp"
+#include "backends/hip_abi.hpp"
 
 namespace hostreg {
 namespace {
 
-using hipError_t = int;
+using namespace hip_abi;
 
-#define HOSTREG_HIP_SYMBOLS(REQUIRED, OPTIONAL)                             \
-    REQUIRED(hipGetDeviceCount, hipError_t, (int*))                         \
-    REQUIRED(hipHostRegister, hipError_t, (void*, size_t, unsigned))        \
-    REQUIRED(hipHostUnregister, hipError_t, (void*))                        \
-    REQUIRED(hipHostGetDevicePointer, hipError_t, (void**, void*, unsigned)) \
-    REQUIRED(hipGetErrorName, const char*, (hipError_t))                    \
-    REQUIRED(hipGetErrorString, const char*, (hipError_t))                  \
-    OPTIONAL(hipRuntimeGetVersion, hipError_t, (int*))
+HOSTREG_DEFINE_API(HOSTREG_HIP_SYMBOLS)
 
-struct Api {
-    HOSTREG_HIP_SYMBOLS(HOSTREG_DECLARE_FN, HOSTREG_DECLARE_FN)
+struct Hip : Runtime<Api> {
+    static constexpr const char* kLibraryEnv = "HOSTREG_HIP_LIBRARY";
+    // Unversioned (a ROCm install or -dev package), then ROCm 7, 6 and 5 (Debian's 5.2).
+    static constexpr const char* kLibraryNames[] = {"libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6",
+                                                    "libamdhip64.so.5", nullptr};
+    static constexpr const char* kAbsent = "no ROCm runtime";
 };
 
-struct Hip {
-    DynLib lib{"HOSTREG_HIP_LIBRARY", {"libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6"}};
-    Api api;
-    Status status;
-    int version = 0;
-};
-
-Status failure(const Api& api, const char* call, hipError_t r) {
+Status failure(const Api& api, const char* call, hipError_t r, int code, const std::string& why = "") {
     const char* name = api.hipGetErrorName(r);
     const char* text = api.hipGetErrorString(r);
-    return Status::error(mirror_cuda(r),
+    return Status::error(code,
                          std::string(call) + " failed: " + (name ? name : "unknown hipError_t") + " (" +
-                             std::to_string(r) + "): " + (text ? text : ""),
+                             std::to_string(r) + "): " + (text ? text : "") + why,
                          r);
 }
 
-Status init(Hip& h) {
-    DynLib& lib = h.lib;
+Status start(Hip& h) {
     Api& api = h.api;
-    if (!lib.loaded()) return Status::error(lib.status().code, "no ROCm runtime: " + lib.status().message);
-    HOSTREG_HIP_SYMBOLS(HOSTREG_LOAD_REQUIRED, HOSTREG_LOAD_OPTIONAL)
-    if (api.hipRuntimeGetVersion) api.hipRuntimeGetVersion(&h.version);
+    int version = 0;
+    if (api.hipRuntimeGetVersion && api.hipRuntimeGetVersion(&version) == kHipSuccess)  // HIP_VERSION's encoding
+        h.probe.caps.version = "HIP " + std::to_string(version / 10000000) + "." +
+                               std::to_string(version / 100000 % 100) + "." + std::to_string(version % 100000);
     int count = 0;
-    if (hipError_t r = api.hipGetDeviceCount(&count)) return failure(api, "hipGetDeviceCount", r);
+    if (hipError_t r = api.hipGetDeviceCount(&count)) return failure(api, "hipGetDeviceCount", r, mirror_cuda(r));
     if (count == 0) return Status::error(hostregErrorNoDevice, "the HIP runtime reports no device");
+    h.probe.caps.flags = kHipHostRegisterPortable | kHipHostRegisterMapped | kHipHostRegisterIoMemory |
+                         kHipHostRegisterReadOnly;
+    h.probe.caps.note = "page-locked and DMA-mapped by the ROCm runtime (hipHostRegister)";
     return Status::ok();
 }
 
-Hip& hip() { return loaded_once<Hip, init>(); }
+Hip& hip() { return loaded_once<Hip, start>(); }
 
-Status hip_probe() { return hip().status; }
+const Probe& hip_probe() { return hip().probe; }
 
-std::string hip_describe() { return hip().lib.path() + ", HIP runtime " + std::to_string(hip().version); }
-
-Status hip_register(void* ptr, size_t bytes, unsigned flags, void** device_ptr) {
+Status hip_register(void* ptr, size_t bytes, unsigned flags, Piece* piece) {
     Api& api = hip().api;
-    const unsigned passed = flags & ~HOSTREG_HOST_REGISTER_READ_ONLY;  // never the coarse-grained bit
-    if (hipError_t r = api.hipHostRegister(ptr, bytes, passed)) return failure(api, "hipHostRegister", r);
-    if (api.hipHostGetDevicePointer(device_ptr, ptr, 0) != 0) *device_ptr = nullptr;
+    if (hipError_t r = api.hipHostRegister(ptr, bytes, flags)) {
+        if (r != kHipErrorInvalidValue) return failure(api, "hipHostRegister", r, mirror_cuda(r));
+        if (flags & kHipHostRegisterIoMemory)
+            return failure(api, "hipHostRegister", r, hostregErrorNotSupported,
+                           " (this HIP runtime did not register the range as I/O memory, hipHostRegisterIoMemory)");
+        return failure(api, "hipHostRegister", r, hostregErrorMemoryAllocation,
+                       " (the arguments are valid: the runtime could not pin the memory)");
+    }
+    void* dev = nullptr;
+    piece->device = api.hipHostGetDevicePointer(&dev, ptr, 0) == kHipSuccess ? dev : nullptr;
     return Status::ok();
 }
 
-Status hip_unregister(void* ptr, size_t /*bytes*/) {
+Status hip_unregister(void* ptr, size_t /*bytes*/, const Piece& /*piece*/) {
     Api& api = hip().api;
-    if (hipError_t r = api.hipHostUnregister(ptr)) return failure(api, "hipHostUnregister", r);
+    if (hipError_t r = api.hipHostUnregister(ptr)) return failure(api, "hipHostUnregister", r, mirror_cuda(r));
     return Status::ok();
 }
 
@@ -86,12 +91,10 @@ Status hip_unregister(void* ptr, size_t /*bytes*/) {
 
 extern const Backend kHipBackend = {
     /*name=*/"hip",
-    /*supported=*/HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED | HOSTREG_HOST_REGISTER_READ_ONLY,
-    /*max_registration=*/SIZE_MAX,
     /*probe=*/hip_probe,
-    /*describe=*/hip_describe,
     /*host_register=*/hip_register,
     /*host_unregister=*/hip_unregister,
+    /*share=*/nullptr,
 };
 
 }  // namespace hostreg

@@ -1,38 +1,27 @@
-// musa.cpp: Moore Threads MUSA, through the MUSA runtime (libmusart.so).
+// musa.cpp: Moore Threads MUSA, through the MUSA runtime (libmusart.so; calls in
+// musa_abi.hpp).
 //
 // The MUSA runtime mirrors CUDA's: musaHostRegister(void*, size_t, unsigned) with CUDA's
-// flag bits, musaHostUnregister, musaHostGetDevicePointer, and (expected, *unconfirmed* in
-// vendor-abi.md "Moore Threads MUSA") CUDA's error numbers. So flags pass through, and codes
-// hostreg knows keep their number; anything else becomes 999 with the native code kept.
-#include <cstdint>
+// flag bits, musaHostUnregister, musaHostGetDevicePointer, and (expected, unconfirmed:
+// docs/vendors.md "MUSA") CUDA's error numbers. So flags pass through, and numbers that are
+// cudaError's keep their number; anything else becomes 999 with the native code kept.
 #include <string>
 
+#include "backends/codes.hpp"
 #include "backends/dynlib.hpp"
-#include "core/backend.hpp"
+#include "backends/musa_abi.hpp"
 
 namespace hostreg {
 namespace {
 
-using musaError_t = int;
+using namespace musa_abi;
 
-#define HOSTREG_MUSA_SYMBOLS(REQUIRED, OPTIONAL)                               \
-    REQUIRED(musaGetDeviceCount, musaError_t, (int*))                          \
-    REQUIRED(musaHostRegister, musaError_t, (void*, size_t, unsigned))         \
-    REQUIRED(musaHostUnregister, musaError_t, (void*))                         \
-    REQUIRED(musaHostGetDevicePointer, musaError_t, (void**, void*, unsigned)) \
-    REQUIRED(musaGetErrorString, const char*, (musaError_t))                   \
-    OPTIONAL(musaGetErrorName, const char*, (musaError_t))                     \
-    OPTIONAL(musaRuntimeGetVersion, musaError_t, (int*))
+HOSTREG_DEFINE_API(HOSTREG_MUSA_SYMBOLS)
 
-struct Api {
-    HOSTREG_MUSA_SYMBOLS(HOSTREG_DECLARE_FN, HOSTREG_DECLARE_FN)
-};
-
-struct Musa {
-    DynLib lib{"HOSTREG_MUSA_LIBRARY", {"libmusart.so", "libmusart.so.1"}};
-    Api api;
-    Status status;
-    int version = 0;
+struct Musa : Runtime<Api> {
+    static constexpr const char* kLibraryEnv = "HOSTREG_MUSA_LIBRARY";
+    static constexpr const char* kLibraryNames[] = {"libmusart.so", "libmusart.so.1", nullptr};
+    static constexpr const char* kAbsent = "no MUSA runtime";
 };
 
 Status failure(const Api& api, const char* call, musaError_t r) {
@@ -44,32 +33,32 @@ Status failure(const Api& api, const char* call, musaError_t r) {
                          r);
 }
 
-Status init(Musa& m) {
-    DynLib& lib = m.lib;
+Status start(Musa& m) {
     Api& api = m.api;
-    if (!lib.loaded()) return Status::error(lib.status().code, "no MUSA runtime: " + lib.status().message);
-    HOSTREG_MUSA_SYMBOLS(HOSTREG_LOAD_REQUIRED, HOSTREG_LOAD_OPTIONAL)
-    if (api.musaRuntimeGetVersion) api.musaRuntimeGetVersion(&m.version);
+    int version = 0;
+    if (api.musaRuntimeGetVersion && api.musaRuntimeGetVersion(&version) == 0)
+        m.probe.caps.version = "MUSA runtime " + std::to_string(version);
     int count = 0;
     if (musaError_t r = api.musaGetDeviceCount(&count)) return failure(api, "musaGetDeviceCount", r);
     if (count == 0) return Status::error(hostregErrorNoDevice, "the MUSA runtime reports no device");
+    m.probe.caps.flags = HOSTREG_HOST_REGISTER_ALL_FLAGS;
+    m.probe.caps.note = "page-locked and DMA-mapped by the MUSA runtime (musaHostRegister)";
     return Status::ok();
 }
 
-Musa& musa() { return loaded_once<Musa, init>(); }
+Musa& musa() { return loaded_once<Musa, start>(); }
 
-Status musa_probe() { return musa().status; }
+const Probe& musa_probe() { return musa().probe; }
 
-std::string musa_describe() { return musa().lib.path() + ", MUSA runtime " + std::to_string(musa().version); }
-
-Status musa_register(void* ptr, size_t bytes, unsigned flags, void** device_ptr) {
+Status musa_register(void* ptr, size_t bytes, unsigned flags, Piece* piece) {
     Api& api = musa().api;
     if (musaError_t r = api.musaHostRegister(ptr, bytes, flags)) return failure(api, "musaHostRegister", r);
-    if (api.musaHostGetDevicePointer(device_ptr, ptr, 0) != 0) *device_ptr = nullptr;
+    void* dev = nullptr;
+    piece->device = api.musaHostGetDevicePointer(&dev, ptr, 0) == 0 ? dev : nullptr;
     return Status::ok();
 }
 
-Status musa_unregister(void* ptr, size_t /*bytes*/) {
+Status musa_unregister(void* ptr, size_t /*bytes*/, const Piece& /*piece*/) {
     Api& api = musa().api;
     if (musaError_t r = api.musaHostUnregister(ptr)) return failure(api, "musaHostUnregister", r);
     return Status::ok();
@@ -79,12 +68,10 @@ Status musa_unregister(void* ptr, size_t /*bytes*/) {
 
 extern const Backend kMusaBackend = {
     /*name=*/"musa",
-    /*supported=*/HOSTREG_HOST_REGISTER_ALL_FLAGS,
-    /*max_registration=*/SIZE_MAX,
     /*probe=*/musa_probe,
-    /*describe=*/musa_describe,
     /*host_register=*/musa_register,
     /*host_unregister=*/musa_unregister,
+    /*share=*/nullptr,
 };
 
 }  // namespace hostreg

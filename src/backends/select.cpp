@@ -27,7 +27,7 @@ Choice choose() {
     for (const Backend* const* it = kAllBackends; *it; ++it) {
         const Backend* b = *it;
         if (want != "auto" && want != b->name) continue;
-        Status s = b->probe();
+        const Status& s = b->probe().status;
         if (s.is_ok()) return {b, Status::ok()};
         if (want != "auto")
             return {nullptr, Status::error(hostregErrorInitializationError,
@@ -39,7 +39,7 @@ Choice choose() {
     if (want != "auto")
         return {nullptr, Status::error(hostregErrorInitializationError,
                                        "unknown backend '" + want +
-                                           "' in HOSTREG_BACKEND (use auto, cuda, hip, acl, musa, posix or none)")};
+                                           "' in HOSTREG_BACKEND (use auto, cuda, hip, acl, ze, musa, posix or none)")};
     return {nullptr, Status::error(hostregErrorInitializationError,
                                    "no backend is available (" + tried + ")")};
 }
@@ -47,19 +47,8 @@ Choice choose() {
 }  // namespace
 
 // Accelerator runtimes first, in a fixed documented order; posix, always available, last.
-const Backend* const kAllBackends[] = {&kCudaBackend, &kHipBackend, &kAclBackend, &kMusaBackend,
-                                       &kPosixBackend, nullptr};
-
-int translate(long long native, const CodeMap* map, size_t n) {
-    for (size_t i = 0; i < n; ++i)
-        if (map[i].native == native) return map[i].code;
-    return hostregErrorUnknown;
-}
-
-int mirror_cuda(long long native) {
-    if (native == 201) return hostregErrorInitializationError;  // invalid context
-    return is_known_code(native) ? static_cast<int>(native) : hostregErrorUnknown;
-}
+const Backend* const kAllBackends[] = {&kCudaBackend, &kHipBackend, &kAclBackend, &kZeBackend,
+                                       &kMusaBackend, &kPosixBackend, nullptr};
 
 const Backend* active_backend(Status* why) {
     static const Choice* choice = [] {  // once; leaked for use at exit

@@ -46,7 +46,8 @@ int hostregHostGetDevicePointer(void** device_ptr, void* host_ptr, unsigned int 
     if (r.device_ptr == nullptr)
         return record(Status::error(hostregErrorInvalidValue,
                                     std::string("the ") + r.backend->name +
-                                        " runtime gave this registration no device address (register with Mapped)"));
+                                        " runtime gave this registration no device address (it maps none for these flags, or it "
+                                        "mapped the registration's pages apart)"));
     const auto offset = reinterpret_cast<uintptr_t>(host_ptr) - r.base;
     *device_ptr = static_cast<char*>(r.device_ptr) + offset;
     return hostregSuccess;
@@ -158,16 +159,45 @@ const char* const* hostregBackendNames(void) {
     return names;
 }
 
+namespace {
+
+const hostreg::Backend* backend_named(const char* name) {
+    for (const hostreg::Backend* const* b = hostreg::kAllBackends; *b && name; ++b)
+        if (std::string(name) == (*b)->name) return *b;
+    return nullptr;
+}
+
+}  // namespace
+
 int hostregProbeBackend(const char* name, const char** detail) {
     thread_local std::string text;
-    const hostreg::Backend* found = nullptr;
-    for (const hostreg::Backend* const* b = hostreg::kAllBackends; *b && name; ++b)
-        if (std::string(name) == (*b)->name) found = *b;
-    Status s = found ? found->probe()
+    const hostreg::Backend* found = backend_named(name);
+    Status s = found ? found->probe().status
                      : Status::error(hostregErrorInvalidValue, std::string("unknown backend ") + (name ? name : "NULL"));
-    text = s.is_ok() ? found->describe() : s.message;
+    if (s.is_ok()) {
+        const hostreg::Capabilities& c = found->probe().caps;
+        text = c.library.empty() ? c.version : c.library + (c.version.empty() ? "" : ", " + c.version);
+    } else {
+        text = s.message;
+    }
     if (detail) *detail = text.c_str();
     return s.code;
+}
+
+int hostregBackendCapabilities(const char* name, hostregCapabilities* out) {
+    if (out == nullptr) return null_out("out");
+    const hostreg::Backend* found = backend_named(name);
+    if (!found)
+        return record(Status::error(hostregErrorInvalidValue, std::string("unknown backend ") + (name ? name : "NULL")));
+    const hostreg::Probe& p = found->probe();  // kept for the life of the process
+    out->flags = p.status.is_ok() ? p.caps.flags : 0;
+    out->max_registration = p.caps.max_registration;
+    out->granule = p.caps.granule;
+    out->library = p.caps.library.c_str();
+    out->version = p.caps.version.c_str();
+    out->note = p.caps.note.c_str();
+    out->reason = p.status.message.c_str();
+    return p.status.code;
 }
 
 const char* hostregVersion(void) { return HOSTREG_VERSION; }

@@ -21,7 +21,7 @@
 #include "core/registry.hpp"
 
 #ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14 (vendor-abi.md, "POSIX page-locking")
+#define MADV_POPULATE_WRITE 23  // Linux 5.14 (madvise(2); docs/vendors.md "POSIX")
 #endif
 
 namespace hostreg {
@@ -137,8 +137,9 @@ Status Arena::register_range(void* ptr, size_t bytes, unsigned flags, size_t max
     Status why;
     const Backend* be = active_backend(&why);
     if (be == nullptr) return why;
-    const uintptr_t page = page_size();
-    size_t chunk = max_chunk ? std::min(max_chunk, be->max_registration) : be->max_registration;
+    const Capabilities& caps = be->probe().caps;
+    const uintptr_t page = std::max(page_size(), caps.granule);  // chunks of whole pages and granules
+    size_t chunk = max_chunk ? std::min(max_chunk, caps.max_registration) : caps.max_registration;
     chunk = std::max<size_t>(page, chunk / page * page);
     if (ptr == nullptr || bytes == 0) return Status::error(hostregErrorInvalidValue, "empty or NULL range");
     if (reinterpret_cast<uintptr_t>(ptr) + bytes < reinterpret_cast<uintptr_t>(ptr))

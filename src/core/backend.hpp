@@ -1,67 +1,84 @@
 // backend.hpp: the one interface every runtime backend implements.
 //
 // A backend page-locks a host range the way its runtime does (posix: mlock; cuda:
-// cuMemHostRegister; ...). It is a table of operations, one constant per backend file
-// (libfabric's hmem ops table is the model). The registry calls it only for ranges that
-// already passed CUDA's rules (non-null, non-empty, no overlap, known flags), so a backend
-// knows nothing about other registrations except the pages it may share with them.
+// cuMemHostRegister; acl: aclrtHostRegisterV2; ...). It is a table of operations, one
+// constant per backend file (libfabric's hmem ops table is the model). The registry calls it
+// only for ranges that already passed CUDA's rules (non-null, non-empty, mapped, no overlap,
+// flags the backend's capabilities list), so a backend knows nothing about other
+// registrations.
+//
+// What a backend can do is data, not code: its probe fills one Capabilities record that the
+// registry enforces (flags, granule, largest registration) and `hostreg doctor` prints.
+// Where a runtime can only register whole granules (AscendCL: 4 KiB-aligned addresses for
+// every flag; mlock: locks do not nest), the registry hands the backend granule-aligned
+// pieces and shares the partial edge granules between neighbouring registrations itself
+// (core/page_share.hpp), so no backend repeats that bookkeeping.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/status.hpp"
 
 namespace hostreg {
 
+// What one backend can do on this machine, filled by its probe.
+struct Capabilities {
+    unsigned flags = 0;                  // CUDA flag bits honoured; the others answer 801
+    size_t max_registration = SIZE_MAX;  // most bytes one registration may span (arenas split below)
+    size_t granule = 1;                  // 1: any address and size; else the runtime gets only
+                                         // whole granules (a power of two, a multiple of the page)
+    std::string library;                 // file actually loaded ("" for posix)
+    std::string version;                 // the runtime's version, in its own terms
+    std::string note;                    // what a success means here, and any caveat
+};
+
+// A probe's answer, computed once per process and kept for its lifetime.
+struct Probe {
+    Status status;      // ok when usable; else why not (code and the runtime's own answer)
+    Capabilities caps;  // meaningful when status is ok; library is filled whenever loaded
+};
+
+// One registration the runtime made: what the registry keeps to undo it.
+struct Piece {
+    void* device = nullptr;  // device address of the piece's first byte; nullptr if none
+    void* owner = nullptr;   // the backend's own handle (cuda: the context it was made in)
+};
+
 struct Backend {
-    const char* name;    // "posix", "cuda", ...
-    unsigned supported;  // flag bits this backend honours; others answer 801
-    size_t max_registration;  // most bytes one registration may span (arenas split above it)
+    const char* name;  // "posix", "cuda", ...
 
-    // Is the runtime usable here? Error status (with the reason) when not. Loads and
-    // initialises the runtime on the first call; later calls answer the cached result.
-    Status (*probe)();
+    // Loads and initialises the runtime on the first call; later calls answer the same
+    // record, which lives until the process ends.
+    const Probe& (*probe)();
 
-    // Library file and version, for doctor (after a successful probe; "" if unknown).
-    std::string (*describe)();
+    // Page-lock [ptr, ptr + bytes) with flags (already checked against the capabilities)
+    // and describe the result in *piece. When the backend's granule is > 1, ptr and bytes are
+    // multiples of it. On failure nothing stays locked or registered.
+    Status (*host_register)(void* ptr, size_t bytes, unsigned flags, Piece* piece);
 
-    // Page-lock [ptr, ptr+bytes) with flags (already validated against `supported`), and
-    // store the device address of ptr in *device_ptr. On failure nothing stays locked.
-    Status (*host_register)(void* ptr, size_t bytes, unsigned flags, void** device_ptr);
+    // Undo a successful host_register of exactly [ptr, ptr + bytes) that answered piece.
+    Status (*host_unregister)(void* ptr, size_t bytes, const Piece& piece);
 
-    // Undo a successful host_register of exactly [ptr, ptr+bytes).
-    Status (*host_unregister)(void* ptr, size_t bytes);
+    // Optional (nullptr: nothing to do). Called when one more registration starts sharing an
+    // edge piece that is already registered (granule > 1 only). posix locks it again: mlock
+    // is idempotent, and the holder's lock is gone if its memory was unmapped meanwhile.
+    Status (*share)(void* ptr, size_t bytes, const Piece& piece);
 };
 
 // The backends compiled in, each defined in its own file under src/backends/.
 extern const Backend kCudaBackend;
 extern const Backend kHipBackend;
 extern const Backend kAclBackend;
+extern const Backend kZeBackend;
 extern const Backend kMusaBackend;
 extern const Backend kPosixBackend;
 
 // Every backend, in the order HOSTREG_BACKEND=auto tries them; nullptr-terminated.
 extern const Backend* const kAllBackends[];
 
-// A vendor's native code and the cudaError a CUDA caller expects for it.
-struct CodeMap {
-    long long native;
-    int code;
-};
-
-// The cudaError for native through map (n entries); hostregErrorUnknown if not listed.
-int translate(long long native, const CodeMap* map, size_t n);
-template <size_t N>
-int translate(long long native, const CodeMap (&map)[N]) {
-    return translate(native, map, N);
-}
-
-// For runtimes whose numbers mirror CUDA's (CUDA driver, HIP, MUSA): the same number when
-// hostreg knows it, context errors (201 invalid context) as 3, anything else 999.
-int mirror_cuda(long long native);
-
-// The backend this process uses: chosen once from HOSTREG_BACKEND (auto|posix|none;
+// The backend this process uses: chosen once from HOSTREG_BACKEND (auto|<name>|none;
 // default auto). Returns nullptr when none is usable; *why then holds the reason.
 const Backend* active_backend(Status* why);
 

@@ -24,8 +24,16 @@ std::string hex(uintptr_t p) {
 Registry& Registry::instance() {
     static Registry* r = [] {
         auto* reg = new Registry();  // intentionally leaked: usable during exit
-        pthread_atfork([] { instance().mu_.lock(); }, [] { instance().mu_.unlock(); },
-                       [] { instance().after_fork_in_child(); });
+        pthread_atfork(
+            [] {
+                instance().mu_.lock();
+                instance().pages_.before_fork();
+            },
+            [] {
+                instance().pages_.after_fork_in_parent();
+                instance().mu_.unlock();
+            },
+            [] { instance().after_fork_in_child(); });
         return reg;
     }();
     return *r;
@@ -34,6 +42,7 @@ Registry& Registry::instance() {
 void Registry::after_fork_in_child() {
     for (const auto& [base, e] : map_) inherited_.insert(base);
     map_.clear();
+    pages_.after_fork_in_child();
     mu_.unlock();  // locked by the prepare handler in the (now only) forking thread
 }
 
@@ -68,10 +77,11 @@ Status Registry::host_register(void* ptr, size_t bytes, unsigned flags) {
     Status why;
     const Backend* be = active_backend(&why);
     if (be == nullptr) return why;
-    if (flags & ~be->supported)
+    const Capabilities& caps = be->probe().caps;
+    if (flags & ~caps.flags)
         return Status::error(hostregErrorNotSupported,
-                             "flags " + hex(flags & ~be->supported) + " are not supported by the " +
-                                 be->name + " backend");
+                             "flags " + hex(flags & ~caps.flags) + " are not supported by the " + be->name +
+                                 " backend (it honours " + hex(caps.flags) + ")");
     const uintptr_t hi = lo + bytes;
     {
         std::lock_guard<std::mutex> g(mu_);
@@ -83,10 +93,17 @@ Status Registry::host_register(void* ptr, size_t bytes, unsigned flags) {
                                      " overlaps the registration " + hex(r.base) + "+" +
                                      std::to_string(r.bytes));
         }
-        map_.emplace(lo, Entry{Registration{lo, bytes, flags, nullptr, be}, State::Pending});
+        map_.emplace(lo, Entry{Registration{lo, bytes, flags, nullptr, be, caps.granule, {}}, State::Pending});
     }
+    Piece piece;
     void* dev = nullptr;
-    Status s = be->host_register(ptr, bytes, flags, &dev);
+    Status s;
+    if (caps.granule > 1) {
+        s = pages_.acquire(*be, lo, bytes, flags, caps.granule, &piece, &dev);
+    } else {
+        s = be->host_register(ptr, bytes, flags, &piece);
+        dev = piece.device;
+    }
     std::lock_guard<std::mutex> g(mu_);
     auto it = map_.find(lo);
     if (!s.is_ok()) {
@@ -94,6 +111,7 @@ Status Registry::host_register(void* ptr, size_t bytes, unsigned flags) {
         return s;
     }
     it->second.reg.device_ptr = dev;
+    it->second.reg.piece = piece;
     it->second.state = State::Live;
     return s;
 }
@@ -116,10 +134,20 @@ Status Registry::host_unregister(void* ptr) {
         it->second.state = State::Releasing;
         reg = it->second.reg;
     }
-    Status s = reg.backend->host_unregister(ptr, reg.bytes);
+    bool released = false;  // whether the runtime no longer holds the range, failure or not
+    Status s;
+    if (reg.granule > 1) {
+        s = pages_.release(*reg.backend, base, reg.bytes, reg.granule, reg.piece, &released);
+    } else {
+        s = reg.backend->host_unregister(ptr, reg.bytes, reg.piece);
+        released = s.is_ok();
+    }
+    // A runtime that answers "not registered" (713) no longer holds the range either: keeping
+    // the entry would answer 712 for that memory for ever.
+    released = released || s.code == hostregErrorHostMemoryNotRegistered;
     std::lock_guard<std::mutex> g(mu_);
     auto it = map_.find(base);
-    if (!s.is_ok()) {
+    if (!released) {
         it->second.state = State::Live;  // still registered; the caller may retry
         return s;
     }

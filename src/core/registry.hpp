@@ -1,12 +1,16 @@
 // registry.hpp: the process-wide record of live host registrations.
 //
 // An interval map keyed by base address. It enforces CUDA's rules whatever the backend
-// does (the vendors differ: Level Zero accepts re-imports of sub-ranges, AscendCL has its
-// own codes; see vendor-abi.md):
-//   register:   1 for null / 0 bytes / wrap-around / unknown flag bits; 712 if any byte of
-//               the range is registered (or being registered or released by another
-//               thread); 801 for flags the backend cannot honour; else the backend's answer.
+// does (the runtimes differ: Level Zero answers success for a re-import of a range inside an
+// imported one, HIP registers overlapping ranges, AscendCL has its own codes; see
+// docs/vendors.md):
+//   register:   1 for null / 0 bytes / wrap-around / unknown flag bits / memory that is not
+//               mapped; 712 if any byte of the range is registered (or being registered or
+//               released by another thread); 801 for flags the backend's capabilities do
+//               not list; else the backend's answer.
 //   unregister: 713 unless ptr is the base of a live registration.
+// Backends that register only whole granules get them through PageShare
+// (core/page_share.hpp), which shares partial edge granules between neighbours.
 // After fork(2) the child holds no registration: memory locks are not inherited and vendor
 // contexts do not survive a fork. Bases the parent had registered are remembered, and
 // unregistering one of them in the child answers 0 (so finalizers that run there succeed);
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/page_share.hpp"
 
 namespace hostreg {
 
@@ -31,8 +36,10 @@ struct Registration {
     uintptr_t base = 0;
     size_t bytes = 0;
     unsigned flags = 0;
-    void* device_ptr = nullptr;
+    void* device_ptr = nullptr;  // device address of base; nullptr when the runtime gave none
     const Backend* backend = nullptr;
+    size_t granule = 1;  // the backend's granule when it was registered (1: one piece)
+    Piece piece;         // the backend's record: the whole range, or (granule > 1) the middle
 };
 
 class Registry {
@@ -68,6 +75,7 @@ private:
 
     mutable std::mutex mu_;
     std::map<uintptr_t, Entry> map_;  // base -> entry; ranges never intersect
+    PageShare pages_;                 // edge granules of granule > 1 backends
     std::set<uintptr_t> inherited_;   // bases registered by the parent before fork
 };
 

@@ -1,6 +1,7 @@
-// status.cpp: names and messages of the cudaError_t codes hostreg uses, and the per-thread
-// record of the last failure. Names and messages are CUDA's (CUDA 13.0 driver_types.h and
-// cudaGetErrorString), so callers that print them read what they would under CUDA.
+// status.cpp: names and messages of CUDA's error codes, and the per-thread record of the
+// last failure. The table is every member of CUDA 13.0's enum cudaError with the name and
+// message the real libcudart.so.13 gives it (cuda_errors.inc, generated from the toolkit by
+// scripts/gen_cuda_errors.py), so callers that print a code read what they would under CUDA.
 #include "core/status.hpp"
 
 #include <cctype>
@@ -17,23 +18,9 @@ struct CodeInfo {
 };
 
 constexpr CodeInfo kCodes[] = {
-    {hostregSuccess, "cudaSuccess", "no error"},
-    {hostregErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
-    {hostregErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
-    {hostregErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
-    {hostregErrorCudartUnloading, "cudaErrorCudartUnloading", "driver shutting down"},
-    {hostregErrorStubLibrary, "cudaErrorStubLibrary", "CUDA driver is a stub library"},
-    {hostregErrorInsufficientDriver, "cudaErrorInsufficientDriver",
-     "CUDA driver version is insufficient for CUDA runtime version"},
-    {hostregErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
-    {hostregErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
-    {hostregErrorHostMemoryAlreadyRegistered, "cudaErrorHostMemoryAlreadyRegistered",
-     "part or all of the requested memory range is already mapped"},
-    {hostregErrorHostMemoryNotRegistered, "cudaErrorHostMemoryNotRegistered",
-     "pointer does not correspond to a registered memory region"},
-    {hostregErrorNotPermitted, "cudaErrorNotPermitted", "operation not permitted"},
-    {hostregErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
-    {hostregErrorUnknown, "cudaErrorUnknown", "unknown error"},
+#define HOSTREG_CUDA_ERROR(number, name, message) {number, #name, message},
+#include "core/cuda_errors.inc"
+#undef HOSTREG_CUDA_ERROR
 };
 
 constexpr const char* kUnrecognized = "unrecognized error code";

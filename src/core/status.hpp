@@ -1,7 +1,7 @@
 // status.hpp: hostreg's error model.
 //
-// Every operation answers a Status: a cudaError_t-compatible code (numbers from CUDA 13.0
-// driver_types.h, see shared/reference/vendor-abi.md), the backend's native code (errno,
+// Every operation answers a Status: a cudaError_t-compatible code (a member of CUDA 13.0's
+// enum cudaError, driver_types.h; names and messages in cuda_errors.inc), the backend's native code (errno,
 // CUresult, aclError, ...) and a human explanation. The last failing Status of each thread
 // is kept for hostregGetLastError.
 #pragma once
@@ -24,11 +24,12 @@ struct Status {
     bool is_ok() const { return code == hostregSuccess; }
 };
 
-// CUDA's name / message for a code; "unrecognized error code" for unknown numbers.
+// CUDA's name / message for a code, as libcudart.so.13 gives them; "unrecognized error code"
+// for numbers outside enum cudaError.
 const char* error_name(int code);
 const char* error_string(int code);
 
-// Is code one of the cudaError numbers hostreg knows (and can name)?
+// Is code a member of CUDA 13.0's enum cudaError?
 bool is_known_code(long long code);
 
 // Records s as the calling thread's last failure (no-op for success) and returns s.code.

@@ -180,5 +180,21 @@ NB_MODULE(_hostreg, m) {
             return std::make_tuple(code, std::string(detail ? detail : ""));
         },
         nb::arg("name"), "(cudaError number, description or reason) for one backend.");
+    m.def(
+        "backend_capabilities",
+        [](const std::string& name) {
+            hostregCapabilities c{};
+            int code;
+            {
+                nb::gil_scoped_release nogil;  // loading a vendor runtime can take a while
+                code = hostregBackendCapabilities(name.c_str(), &c);
+            }
+            auto s = [](const char* p) { return std::string(p ? p : ""); };
+            return std::make_tuple(code, c.flags, c.max_registration, c.granule, s(c.library), s(c.version), s(c.note),
+                                   s(c.reason));
+        },
+        nb::arg("name"),
+        "hostregBackendCapabilities: (cudaError number, flags, max_registration bytes, granule bytes, library, "
+        "version, note, reason) for one backend.");
     m.def("version", &hostregVersion, "Version of the C library.");
 }

@@ -2,54 +2,50 @@
 //                   libhostreg_double_acl_v1.so
 //
 // TEST DOUBLE of Huawei AscendCL (libascendcl.so, CANN) for hostreg's tests. It is NOT
-// Huawei's library: it exports AscendCL's C signatures for the calls hostreg's AscendCL
-// backend needs, enforces the documented rules strictly, and page-locks for real with
-// mlock(2). Two builds of this file:
-//   - libhostreg_double_acl.so: CANN 8.5 and later, exports aclrtHostRegisterV2 too;
-//   - libhostreg_double_acl_v1.so (HOSTREG_DOUBLE_ACL_V1 defined): older CANN, where
-//     aclrtHostRegisterV2 does not exist at all (not exported), only V1.
+// Huawei's library. It exports AscendCL's C signatures for the calls hostreg's AscendCL
+// backend makes and behaves as the CANN runtime's published sources show, layer by layer, in
+// the order they check. Two builds of this file:
+//   - libhostreg_double_acl.so: CANN 8.5 and later, with aclrtHostRegisterV2;
+//   - libhostreg_double_acl_v1.so (HOSTREG_DOUBLE_ACL_V1): older CANN, V1 aclrtHostRegister
+//     only (aclrtHostRegisterV2 is not exported at all).
 //
-// Sources: /work/shared/reference/vendor-abi.md, section "Huawei Ascend, AscendCL (CANN)",
-// which collects `include/external/acl/acl_rt.h`, `acl_base_rt.h` and
-// `error_codes/rt_error_codes.h` of the public CANN runtime sources and the CANN API docs.
+// Modelled on hicann/runtime (github.com/hicann/runtime):
+//   include/external/acl/acl_rt.h, acl_base_rt.h, error_codes/rt_error_codes.h  (ABI, codes)
+//   src/acl/aclrt_impl/memory.cpp      aclrt layer: NULL pointer, NULL devPtr, size 0 -> 100000
+//   src/runtime/api/impl/api_error.cc  flag/type checks: V2 flag must be non-zero and only
+//                                      MAPPED|IOMEMORY|READONLY|PINNED, else 107000; V1 type
+//                                      only IOMEMORY|READONLY bits (0, 4, 8, 12), else 207000
+//   src/runtime/api/impl/api_impl.cc   ApiImpl::HostRegisterV2 / HostUnregister: a current
+//                                      context (else 107002); then, on a driver WITHOUT
+//                                      pin-register support, the overlap check against the
+//                                      runtime's own records (507910), MAPPED (without PINNED)
+//                                      to the driver, and PINNED only *recorded*
+//                                      (InsertPinnedMemory: no lock at all); on a driver WITH
+//                                      it, the whole flag goes to the driver
+//   src/runtime/core/src/common/register_memory.cc   the records: overlap by byte ranges;
+//                                      unregister and device pointer by exact base only
+//   src/runtime/driver/npu_driver_mem.cc   NpuDriver::HostRegister: DRV_ERROR_BUSY (already
+//                                      registered) -> 507910; HostUnregister: not found ->
+//                                      507911
+// The driver itself (halHostRegister) is not published. From the CANN 8.5 / 9.x API docs: the
+// address must be 4 KiB-aligned for every flag, else the driver fails with 507899
+// (ACL_ERROR_RT_DRV_INTERNAL_ERROR); IOMEMORY and READONLY are reserved (the double's driver
+// answers 207000 for them, the stricter reading). The driver locks the pages it registers:
+// the double mlocks them for real.
 //
-// Rules enforced (aclError numbers in parentheses):
-//   - aclInit: 0 the first time, ACL_ERROR_REPEAT_INITIALIZE (100002) after; aclFinalize
-//     undoes it (and resets every device), then aclInit succeeds again. aclFinalize
-//     without aclInit -> ACL_ERROR_UNINITIALIZE (100001).
-//   - Devices: HOSTREG_DOUBLE_DEVICES (default 1) read at every call; 0 devices:
-//     aclrtGetDeviceCount reports 0 and aclrtSetDevice answers RT_NO_DEVICE (207004).
-//   - aclrtSetDevice: before aclInit -> 100001; a bad id -> ACL_ERROR_INVALID_PARAM
-//     (100000); else makes the device's default context current on the calling thread and
-//     takes a reference on the device. aclrtResetDevice drops one; at zero the device's
-//     context is gone for every thread.
-//   - aclrtGetDevice: RT_CONTEXT_NULL (107002) when this thread has no (live) context.
-//   - Memory calls (aclrtHostRegister, aclrtHostRegisterV2, aclrtHostGetDevicePointer,
-//     aclrtHostUnregister) need a current context on the calling thread, else 107002.
-//   - NULL pointer, size 0, NULL devPtr (V1), or a range wrapping past the end of the
-//     address space -> 100000.
-//   - V1 aclrtHostRegister: type must be ACL_HOST_REGISTER_MAPPED (0); any other value,
-//     IOMEMORY 0x4 and READONLY 0x8 included -> RT_FEATURE_NOT_SUPPORT (207000). The
-//     pointer must be 64 KiB aligned (vendor-abi.md: docs say page-aligned, Mooncake
-//     PR #4053 reports 64 KiB; the stricter) -> else RT_ADDR_UNALIGNED (107008).
-//     Returns the device pointer, host + 0x300000000000.
-//   - V2 aclrtHostRegisterV2: flag must be non-zero and hold only MAPPED 0x2 | IOMEMORY
-//     0x4 | READONLY 0x8 | PINNED 0x10000000, else RT_PARAM_INVALID (107000); IOMEMORY
-//     and READONLY -> 207000 (reserved/unsupported in CANN 9.x); with PINNED any
-//     alignment is accepted; without it (MAPPED only) the pointer must be page-aligned,
-//     else 107008.
-//   - Any byte already registered (V1 or V2) -> HOST_MEMORY_ALREADY_REGISTERED (507910);
-//     mlock failure -> RT_MEMORY_ALLOCATION (207001).
-//   - aclrtHostUnregister: anything but the base of a live registration ->
-//     HOST_MEMORY_NOT_REGISTERED (507911).
-//   - aclrtHostGetDevicePointer: flag must be 0 (else 100000); works only inside a
-//     registration made with MAPPED (V1, or V2 with 0x2); unregistered or PINNED-only ->
-//     107000.
-//   - Every failure sets the calling thread's text returned by aclGetRecentErrMsg (NULL
-//     while this thread has had no failure).
+// Knobs (read at every call):
+//   HOSTREG_DOUBLE_DEVICES           devices (default 1); 0: aclrtGetDeviceCount 0,
+//                                    aclrtSetDevice 207004
+//   HOSTREG_DOUBLE_ACL_PIN_REGISTER  1: the driver supports pin-register
+//                                    (FEATURE_SVM_MEM_REGISTER_HOST_PINNED); default: it does
+//                                    not, so a PINNED-only request locks nothing
+// Other rules: aclInit twice -> 100002; aclrtSetDevice before aclInit -> 100001, a bad id ->
+// 107001 (ACL_ERROR_RT_INVALID_DEVICEID); aclrtGetDevice without a context -> 107002; every
+// failure sets the calling thread's aclGetRecentErrMsg text (NULL before any failure).
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -67,26 +63,27 @@ constexpr aclError ACL_ERROR_INVALID_PARAM = 100000;
 constexpr aclError ACL_ERROR_UNINITIALIZE = 100001;
 constexpr aclError ACL_ERROR_REPEAT_INITIALIZE = 100002;
 constexpr aclError ACL_ERROR_RT_PARAM_INVALID = 107000;
+constexpr aclError ACL_ERROR_RT_INVALID_DEVICEID = 107001;
 constexpr aclError ACL_ERROR_RT_CONTEXT_NULL = 107002;
-constexpr aclError ACL_ERROR_RT_ADDR_UNALIGNED = 107008;
 constexpr aclError ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000;
 constexpr aclError ACL_ERROR_RT_MEMORY_ALLOCATION = 207001;
 constexpr aclError ACL_ERROR_RT_NO_DEVICE = 207004;
+constexpr aclError ACL_ERROR_RT_DRV_INTERNAL_ERROR = 507899;
 constexpr aclError ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 507910;
 constexpr aclError ACL_ERROR_HOST_MEMORY_NOT_REGISTERED = 507911;
 
-constexpr aclrtHostRegisterType ACL_HOST_REGISTER_MAPPED = 0;
 constexpr uint32_t ACL_HOST_REG_MAPPED = 0x2u;
 constexpr uint32_t ACL_HOST_REG_IOMEMORY = 0x4u;
 constexpr uint32_t ACL_HOST_REG_READONLY = 0x8u;
 constexpr uint32_t ACL_HOST_REG_PINNED = 0x10000000u;
-constexpr uint32_t kV2Flags =
-    ACL_HOST_REG_MAPPED | ACL_HOST_REG_IOMEMORY | ACL_HOST_REG_READONLY | ACL_HOST_REG_PINNED;
+constexpr uint32_t kV2Flags = ACL_HOST_REG_MAPPED | ACL_HOST_REG_IOMEMORY | ACL_HOST_REG_READONLY | ACL_HOST_REG_PINNED;
+constexpr uint32_t kMappedBits = ACL_HOST_REG_MAPPED | ACL_HOST_REG_IOMEMORY | ACL_HOST_REG_READONLY;
+constexpr unsigned kV1Types = 0x4u | 0x8u;  // RT_HOST_REGISTER_IOMEMORY | RT_HOST_REGISTER_READONLY
 
-constexpr uintptr_t kV1Alignment = 64 * 1024;
+constexpr uintptr_t kAlignment = 4096;  // CANN docs: "4K-page-aligned", every flag
 constexpr uintptr_t kDeviceOffset = 0x300000000000ull;
 
-// aclrtGetVersion's answer (the double's own choice; the reference gives no numbers).
+// aclrtGetVersion's answer (the double's own choice; the sources give no numbers).
 #ifdef HOSTREG_DOUBLE_ACL_V1
 constexpr int32_t kVersion[3] = {1, 10, 0};
 #else
@@ -95,18 +92,20 @@ constexpr int32_t kVersion[3] = {1, 15, 0};
 
 // --- state ------------------------------------------------------------------------------
 
-std::mutex g_mu;  // guards g_initialized and g_device_refs
+std::mutex g_mu;  // guards g_initialized, g_device_refs and g_pinned
 bool g_initialized = false;
 int g_device_refs[kMaxDevices] = {};
+std::map<uintptr_t, uint64_t> g_pinned;  // the runtime's PINNED records (no lock): base -> size
 
-thread_local int t_device = -1;       // device of this thread's current context, -1: none
+thread_local int t_device = -1;  // device of this thread's current context, -1: none
 thread_local bool t_has_error = false;
-thread_local std::string t_error;     // text for aclGetRecentErrMsg
+thread_local std::string t_error;  // text for aclGetRecentErrMsg
+
+[[maybe_unused]] bool pin_register_supported() { return knob_on("HOSTREG_DOUBLE_ACL_PIN_REGISTER"); }
 
 // Records this thread's failure text ("<function>: <what> (aclError <code>)") and returns
 // code, so that every failure reads `return fail(code, __func__, "...", ...)`.
-__attribute__((format(printf, 3, 4))) aclError fail(aclError code, const char* function,
-                                                     const char* format, ...) {
+__attribute__((format(printf, 3, 4))) aclError fail(aclError code, const char* function, const char* format, ...) {
     char what[256];
     va_list args;
     va_start(args, format);
@@ -128,21 +127,37 @@ bool has_context() {
     return g_initialized && g_device_refs[t_device] > 0;
 }
 
-bool is_registration_mapped(const Registration& reg) { return reg.device != 0; }
+[[maybe_unused]] bool pinned_overlaps(uintptr_t base, uint64_t size) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (const auto& [b, n] : g_pinned)
+        if (b < base + size && b + n > base) return true;
+    return false;
+}
 
-// Records reg, translating the registry's answer into AscendCL's codes.
-aclError add(const Registration& reg, const char* function) {
+// The double's driver (halHostRegister): 4 KiB alignment for every flag, reserved IOMEMORY
+// and READONLY, DRV_ERROR_BUSY for memory it already holds, real locking.
+aclError driver_register(uintptr_t base, uint64_t size, uint32_t flag, const char* kind, const char* function) {
+    if (base % kAlignment != 0)
+        return fail(ACL_ERROR_RT_DRV_INTERNAL_ERROR, function,
+                    "driver: halHostRegister of %p failed: the address is not 4K-page-aligned",
+                    reinterpret_cast<void*>(base));
+    if (flag & (ACL_HOST_REG_IOMEMORY | ACL_HOST_REG_READONLY))
+        return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, function, "driver: IOMEMORY and READONLY are reserved");
+    Registration reg;
+    reg.base = base;
+    reg.bytes = size;
+    reg.flags = flag;
+    reg.device = (flag & ACL_HOST_REG_MAPPED) ? base + kDeviceOffset : 0;
+    reg.kind = kind;
     int error = 0;
     switch (registry().add(reg, &error)) {
         case Registry::Result::Ok: return ACL_SUCCESS;
         case Registry::Result::Overlap:
-            return fail(ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED, function,
-                        "[%p, +%zu) overlaps a registered range", reinterpret_cast<void*>(reg.base),
-                        reg.bytes);
+            return fail(ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED, function, "driver: busy: [%p, +%llu) is registered",
+                        reinterpret_cast<void*>(base), static_cast<unsigned long long>(size));
         default:
-            return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, function,
-                        "mlock of [%p, +%zu) failed (errno %d)", reinterpret_cast<void*>(reg.base),
-                        reg.bytes, error);
+            return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, function, "driver: locking [%p, +%llu) failed (errno %d)",
+                        reinterpret_cast<void*>(base), static_cast<unsigned long long>(size), error);
     }
 }
 
@@ -154,8 +169,7 @@ HRD_EXPORT aclError aclInit(const char* config_path) {
     HRD_RECORD_CALL();
     (void)config_path;
     std::lock_guard<std::mutex> lock(g_mu);
-    if (g_initialized)
-        return fail(ACL_ERROR_REPEAT_INITIALIZE, __func__, "AscendCL is already initialized");
+    if (g_initialized) return fail(ACL_ERROR_REPEAT_INITIALIZE, __func__, "AscendCL is already initialized");
     g_initialized = true;
     return ACL_SUCCESS;
 }
@@ -171,8 +185,7 @@ HRD_EXPORT aclError aclFinalize(void) {
 
 HRD_EXPORT aclError aclrtGetVersion(int32_t* major, int32_t* minor, int32_t* patch) {
     HRD_RECORD_CALL();
-    if (!major || !minor || !patch)
-        return fail(ACL_ERROR_INVALID_PARAM, __func__, "NULL output pointer");
+    if (!major || !minor || !patch) return fail(ACL_ERROR_INVALID_PARAM, __func__, "NULL output pointer");
     *major = kVersion[0];
     *minor = kVersion[1];
     *patch = kVersion[2];
@@ -193,8 +206,7 @@ HRD_EXPORT aclError aclrtSetDevice(int32_t device) {
     std::lock_guard<std::mutex> lock(g_mu);
     if (!g_initialized) return fail(ACL_ERROR_UNINITIALIZE, __func__, "aclInit was not called");
     if (knob_devices() == 0) return fail(ACL_ERROR_RT_NO_DEVICE, __func__, "no device");
-    if (!valid_device(device))
-        return fail(ACL_ERROR_INVALID_PARAM, __func__, "device %d does not exist", device);
+    if (!valid_device(device)) return fail(ACL_ERROR_RT_INVALID_DEVICEID, __func__, "device %d does not exist", device);
     ++g_device_refs[device];
     t_device = device;
     return ACL_SUCCESS;
@@ -205,8 +217,7 @@ HRD_EXPORT aclError aclrtResetDevice(int32_t device) {
     std::lock_guard<std::mutex> lock(g_mu);
     if (!g_initialized) return fail(ACL_ERROR_UNINITIALIZE, __func__, "aclInit was not called");
     if (knob_devices() == 0) return fail(ACL_ERROR_RT_NO_DEVICE, __func__, "no device");
-    if (!valid_device(device))
-        return fail(ACL_ERROR_INVALID_PARAM, __func__, "device %d does not exist", device);
+    if (!valid_device(device)) return fail(ACL_ERROR_RT_INVALID_DEVICEID, __func__, "device %d does not exist", device);
     if (g_device_refs[device] > 0) --g_device_refs[device];
     if (t_device == device && g_device_refs[device] == 0) t_device = -1;
     return ACL_SUCCESS;
@@ -215,38 +226,31 @@ HRD_EXPORT aclError aclrtResetDevice(int32_t device) {
 HRD_EXPORT aclError aclrtGetDevice(int32_t* device) {
     HRD_RECORD_CALL();
     if (!device) return fail(ACL_ERROR_INVALID_PARAM, __func__, "NULL device");
-    if (!has_context())
-        return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
+    if (!has_context()) return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
     *device = t_device;
     return ACL_SUCCESS;
 }
 
 // --- host memory registration -----------------------------------------------------------
 
-HRD_EXPORT aclError aclrtHostRegister(void* ptr, uint64_t size, aclrtHostRegisterType type,
-                                      void** dev_ptr) {
+HRD_EXPORT aclError aclrtHostRegister(void* ptr, uint64_t size, aclrtHostRegisterType type, void** dev_ptr) {
     HRD_RECORD_CALL();
     recorder().register_flags(static_cast<unsigned>(type));
-    if (!has_context())
-        return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
+    // memory.cpp, aclrtHostRegisterImpl
+    if (!ptr) return fail(ACL_ERROR_INVALID_PARAM, __func__, "ptr is NULL");
+    if (!dev_ptr) return fail(ACL_ERROR_INVALID_PARAM, __func__, "devPtr is NULL");
+    if (size == 0) return fail(ACL_ERROR_INVALID_PARAM, __func__, "size must be greater than 0");
+    // api_error.cc, ApiErrorDecorator::HostRegister
+    if (static_cast<unsigned>(type) & ~kV1Types)
+        return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, __func__, "type %d is not supported", type);
+    // api_impl.cc, ApiImpl::HostRegister
+    if (!has_context()) return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
     const uintptr_t base = reinterpret_cast<uintptr_t>(ptr);
-    if (!ptr || size == 0 || !dev_ptr)
-        return fail(ACL_ERROR_INVALID_PARAM, __func__, "NULL pointer, size 0 or NULL devPtr");
-    if (type != ACL_HOST_REGISTER_MAPPED)
-        return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, __func__,
-                    "register type %d is not supported (only ACL_HOST_REGISTER_MAPPED)", type);
-    if (base % kV1Alignment != 0)
-        return fail(ACL_ERROR_RT_ADDR_UNALIGNED, __func__, "%p is not 64 KiB aligned", ptr);
     if (wraps(base, size)) return fail(ACL_ERROR_INVALID_PARAM, __func__, "range wraps");
-
-    Registration reg;
-    reg.base = base;
-    reg.bytes = size;
-    reg.flags = static_cast<unsigned>(type);
-    reg.device = base + kDeviceOffset;
-    reg.kind = "mapped";
-    aclError r = add(reg, __func__);
-    if (r == ACL_SUCCESS) *dev_ptr = reinterpret_cast<void*>(reg.device);
+    // V1 types name MAPPED semantics (npu_driver_mem.cc: HOST_MEM_MAP_DEV, IO or READONLY).
+    const uint32_t flag = ACL_HOST_REG_MAPPED | (static_cast<unsigned>(type) & kV1Types);
+    aclError r = driver_register(base, size, flag, "mapped", __func__);
+    if (r == ACL_SUCCESS) *dev_ptr = reinterpret_cast<void*>(base + kDeviceOffset);
     return r;
 }
 
@@ -254,57 +258,68 @@ HRD_EXPORT aclError aclrtHostRegister(void* ptr, uint64_t size, aclrtHostRegiste
 HRD_EXPORT aclError aclrtHostRegisterV2(void* ptr, uint64_t size, uint32_t flag) {
     HRD_RECORD_CALL();
     recorder().register_flags(flag);
-    if (!has_context())
-        return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
-    const uintptr_t base = reinterpret_cast<uintptr_t>(ptr);
-    if (!ptr || size == 0) return fail(ACL_ERROR_INVALID_PARAM, __func__, "NULL pointer or size 0");
-    if (flag == 0 || (flag & ~kV2Flags))
+    // memory.cpp, aclrtHostRegisterV2Impl
+    if (!ptr) return fail(ACL_ERROR_INVALID_PARAM, __func__, "ptr is NULL");
+    if (size == 0) return fail(ACL_ERROR_INVALID_PARAM, __func__, "size must be greater than 0");
+    // api_error.cc, ApiErrorDecorator::HostRegisterV2
+    if ((flag & kV2Flags) == 0 || (flag & ~kV2Flags))
         return fail(ACL_ERROR_RT_PARAM_INVALID, __func__, "invalid flag 0x%x", flag);
-    if (flag & (ACL_HOST_REG_IOMEMORY | ACL_HOST_REG_READONLY))
-        return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, __func__,
-                    "flag 0x%x: IOMEMORY and READONLY are reserved", flag);
-    const bool pinned = flag & ACL_HOST_REG_PINNED;
-    const bool mapped = flag & ACL_HOST_REG_MAPPED;
-    if (!pinned && base % page_size() != 0)
-        return fail(ACL_ERROR_RT_ADDR_UNALIGNED, __func__,
-                    "%p is not page-aligned (only PINNED accepts any alignment)", ptr);
+    // api_impl.cc, ApiImpl::HostRegisterV2
+    if (!has_context()) return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
+    const uintptr_t base = reinterpret_cast<uintptr_t>(ptr);
     if (wraps(base, size)) return fail(ACL_ERROR_INVALID_PARAM, __func__, "range wraps");
-
-    Registration reg;
-    reg.base = base;
-    reg.bytes = size;
-    reg.flags = flag;
-    reg.device = mapped ? base + kDeviceOffset : 0;
-    reg.kind = pinned ? (mapped ? "pinned+mapped" : "pinned") : "mapped";
-    return add(reg, __func__);
+    const bool pinned = flag & ACL_HOST_REG_PINNED;
+    const bool mapped = flag & kMappedBits;
+    if (pin_register_supported())
+        return driver_register(base, size, flag, pinned ? (mapped ? "pinned+mapped" : "pinned") : "mapped", __func__);
+    // Driver without pin-register support: the runtime checks its own records first ...
+    if (pinned_overlaps(base, size) || registry().overlaps(base, base + size))
+        return fail(ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED, __func__, "the memory range has already been registered");
+    // ... sends only the MAPPED part to the driver ...
+    if (mapped) {
+        if (aclError r = driver_register(base, size, flag & ~ACL_HOST_REG_PINNED, "mapped", __func__)) return r;
+    }
+    // ... and only records PINNED: nothing is locked for it.
+    if (pinned) {
+        std::lock_guard<std::mutex> lock(g_mu);
+        g_pinned.emplace(base, size);
+    }
+    return ACL_SUCCESS;
 }
 #endif
 
 HRD_EXPORT aclError aclrtHostGetDevicePointer(void* ptr, void** dev_ptr, uint32_t flag) {
     HRD_RECORD_CALL();
-    if (!has_context())
-        return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
+    // memory.cpp, aclrtHostGetDevicePointerImpl
     if (!ptr || !dev_ptr) return fail(ACL_ERROR_INVALID_PARAM, __func__, "NULL pointer");
     if (flag != 0) return fail(ACL_ERROR_INVALID_PARAM, __func__, "flag must be 0, got 0x%x", flag);
+    if (!has_context()) return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
+    // register_memory.cc GetMappedDevicePointer: the exact base of a mapped registration only.
     const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
     Registration reg;
-    if (!registry().find(p, &reg))
-        return fail(ACL_ERROR_RT_PARAM_INVALID, __func__, "%p is not registered", ptr);
-    if (!is_registration_mapped(reg))
+    if (!registry().find(p, &reg) || reg.base != p || reg.device == 0)
         return fail(ACL_ERROR_RT_PARAM_INVALID, __func__,
-                    "%p was registered without MAPPED: no device pointer", ptr);
-    *dev_ptr = reinterpret_cast<void*>(reg.device + (p - reg.base));
+                    "%p: the host pointer has not been registered for device address mapping", ptr);
+    *dev_ptr = reinterpret_cast<void*>(reg.device);
     return ACL_SUCCESS;
 }
 
 HRD_EXPORT aclError aclrtHostUnregister(void* ptr) {
     HRD_RECORD_CALL();
-    if (!has_context())
-        return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
-    if (!ptr) return fail(ACL_ERROR_INVALID_PARAM, __func__, "NULL pointer");
-    if (registry().remove(reinterpret_cast<uintptr_t>(ptr)) != Registry::Result::Ok)
+    if (!ptr) return fail(ACL_ERROR_INVALID_PARAM, __func__, "ptr is NULL");
+    if (!has_context()) return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
+    const uintptr_t base = reinterpret_cast<uintptr_t>(ptr);
+    // api_impl.cc, ApiImpl::HostUnregister: the driver's registration and the runtime's
+    // PINNED record, each by exact base.
+    const bool mapped = registry().remove(base) == Registry::Result::Ok;
+    bool pinned = false;
+    {
+        std::lock_guard<std::mutex> lock(g_mu);
+        pinned = g_pinned.erase(base) > 0;
+    }
+    if (!mapped && !pinned)
         return fail(ACL_ERROR_HOST_MEMORY_NOT_REGISTERED, __func__,
-                    "%p is not the base of a registered range", ptr);
+                    "%p: the host pointer has not been registered for device memory mapping", ptr);
     return ACL_SUCCESS;
 }
 
@@ -313,4 +328,12 @@ HRD_EXPORT aclError aclrtHostUnregister(void* ptr) {
 HRD_EXPORT const char* aclGetRecentErrMsg(void) {
     HRD_RECORD_CALL();
     return t_has_error ? t_error.c_str() : nullptr;
+}
+
+// --- inspection (not AscendCL) ----------------------------------------------------------
+
+// Ranges the runtime recorded as PINNED without the driver locking them.
+HRD_EXPORT long hostreg_double_acl_pinned_records(void) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    return static_cast<long>(g_pinned.size());
 }

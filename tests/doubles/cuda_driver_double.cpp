@@ -4,9 +4,12 @@
 // library: it exports the driver's C signatures for the calls hostreg's CUDA backend needs,
 // enforces the documented rules strictly, and page-locks for real with mlock(2).
 //
-// Sources: /work/shared/reference/vendor-abi.md, section "NVIDIA CUDA", which collects
-// CUDA 13.0 `cuda.h` (signatures, CU_MEMHOSTREGISTER_* flags, CUresult numbers); the
-// context rules are the driver API's (cuda.h: a per-thread context stack).
+// Modelled on CUDA 13.0's cuda.h (signatures, CU_MEMHOSTREGISTER_* flags, CUresult numbers
+// and the documented behaviour of each call): the driver keeps a per-thread context stack;
+// a retained primary context "will be active and available to the user until the user
+// releases it"; CU_MEMHOSTREGISTER_PORTABLE makes registered memory "considered as pinned
+// memory by all CUDA contexts, not just the one that performed the allocation", so a
+// registration belongs to the context it was made in.
 //
 // Rules enforced (CUresult numbers in parentheses):
 //   - HOSTREG_DOUBLE_STUB=1: every call answers CUDA_ERROR_STUB_LIBRARY (34), like the
@@ -28,18 +31,21 @@
 //   - cuMemHostRegister_v2: NULL or 0 bytes -> 1; flag bits outside 0xF (PORTABLE 0x1,
 //     DEVICEMAP 0x2, IOMEMORY 0x4, READ_ONLY 0x8) -> 1; range wrapping past the end of
 //     the address space -> 1; any byte already registered (exact repeat or partial
-//     overlap; vendor-abi.md: overlap unconfirmed, the stricter answer) ->
+//     overlap; cuda.h documents no overlap answer: the stricter one) ->
 //     CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (712); mlock failure ->
 //     CUDA_ERROR_OUT_OF_MEMORY (2). Extra knob HOSTREG_DOUBLE_NO_READONLY=1: the device
 //     lacks attribute 113 (HostRegisterReadOnlySupported), READ_ONLY ->
-//     CUDA_ERROR_NOT_SUPPORTED (801) (vendor-abi.md).
-//   - cuMemHostUnregister: anything but the base of a live registration ->
-//     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED (713).
+//     CUDA_ERROR_NOT_SUPPORTED (801) (cuda.h, CU_MEMHOSTREGISTER_READ_ONLY).
+//   - cuMemHostUnregister: anything but the base of a live registration made in the current
+//     context -> CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED (713). (That another context cannot
+//     undo it, Portable or not, is the stricter reading: cuda.h does not say.)
 //   - cuMemHostGetDevicePointer_v2: flags must be 0, the out pointer non-NULL and the
-//     address inside a live registration, else 1. The device address is
-//     host + 0x100000000000 (deliberately not the host address).
-//   - cuMemHostGetFlags: the registered flags of the registration containing the address;
-//     NULL out or unregistered -> 1.
+//     address inside a live registration of the current context (or a Portable one), else 1.
+//     The device address is host + 0x100000000000 (deliberately not the host address).
+//   - cuMemHostGetFlags: the registered flags of the registration containing the address
+//     (same visibility); NULL out or unregistered -> 1.
+//   - cuDeviceGetAttribute: CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED (113) is 1
+//     unless HOSTREG_DOUBLE_NO_READONLY=1; other attributes answer 0.
 //   - cuGetErrorName/cuGetErrorString: NULL out -> 1; an unknown code sets *out = NULL and
 //     answers 1 (cuda.h).
 #include <cstdint>
@@ -162,6 +168,11 @@ CUresult gate_with_context() {
     return r != CUDA_SUCCESS ? r : need_context();
 }
 
+uintptr_t current_context() { return reinterpret_cast<uintptr_t>(t_stack.back()); }
+
+// Is reg visible from the current context (made in it, or Portable)?
+bool visible(const Registration& reg) { return reg.owner == current_context() || (reg.flags & 0x1u); }
+
 }  // namespace
 
 // --- initialization and version ---------------------------------------------------------
@@ -200,6 +211,15 @@ HRD_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
     *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+HRD_EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
+    HRD_RECORD_CALL();
+    if (CUresult r = gate()) return r;
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    *value = attribute == 113 ? !knob_on("HOSTREG_DOUBLE_NO_READONLY") : 0;
     return CUDA_SUCCESS;
 }
 
@@ -292,6 +312,7 @@ HRD_EXPORT CUresult cuMemHostRegister_v2(void* ptr, size_t bytes, unsigned flags
     reg.bytes = bytes;
     reg.flags = flags;
     reg.device = base + kDeviceOffset;
+    reg.owner = current_context();
     switch (registry().add(reg, nullptr)) {
         case Registry::Result::Ok: return CUDA_SUCCESS;
         case Registry::Result::Overlap: return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
@@ -302,7 +323,8 @@ HRD_EXPORT CUresult cuMemHostRegister_v2(void* ptr, size_t bytes, unsigned flags
 HRD_EXPORT CUresult cuMemHostUnregister(void* ptr) {
     HRD_RECORD_CALL();
     if (CUresult r = gate_with_context()) return r;
-    if (registry().remove(reinterpret_cast<uintptr_t>(ptr)) != Registry::Result::Ok)
+    const uintptr_t owner = current_context();
+    if (registry().remove(reinterpret_cast<uintptr_t>(ptr), &owner) != Registry::Result::Ok)
         return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
     return CUDA_SUCCESS;
 }
@@ -313,7 +335,7 @@ HRD_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* device_ptr, void* 
     if (!device_ptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
     Registration reg;
-    if (!registry().find(p, &reg)) return CUDA_ERROR_INVALID_VALUE;
+    if (!registry().find(p, &reg) || !visible(reg)) return CUDA_ERROR_INVALID_VALUE;
     *device_ptr = static_cast<CUdeviceptr>(reg.device + (p - reg.base));
     return CUDA_SUCCESS;
 }
@@ -323,7 +345,7 @@ HRD_EXPORT CUresult cuMemHostGetFlags(unsigned* flags, void* ptr) {
     if (CUresult r = gate_with_context()) return r;
     if (!flags) return CUDA_ERROR_INVALID_VALUE;
     Registration reg;
-    if (!registry().find(reinterpret_cast<uintptr_t>(ptr), &reg)) return CUDA_ERROR_INVALID_VALUE;
+    if (!registry().find(reinterpret_cast<uintptr_t>(ptr), &reg) || !visible(reg)) return CUDA_ERROR_INVALID_VALUE;
     *flags = reg.flags;
     return CUDA_SUCCESS;
 }

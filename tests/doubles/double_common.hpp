@@ -1,18 +1,20 @@
 // double_common.hpp: machinery shared by hostreg's vendor TEST DOUBLES.
 //
 // A test double is a small shared library that exports a vendor runtime's documented C ABI
-// (CUDA driver, HIP, AscendCL, MUSA) and enforces that vendor's documented rules strictly,
-// so that hostreg's backends can be tested on a machine with no accelerator. It is NOT the
-// vendor's library. Facts come from /work/shared/reference/vendor-abi.md; each double names
-// the vendor header behind its rules.
+// (CUDA driver, HIP, AscendCL, Level Zero, MUSA) and behaves as that vendor's published
+// headers and runtime sources show, strictly where they are silent, so that hostreg's
+// backends can be tested on a machine with no accelerator. It is NOT the vendor's library.
+// Each double names the vendor files it models (docs/vendors.md collects the facts).
 //
 // What lives here (each double is one translation unit that includes this header once):
 //   - knobs: HOSTREG_DOUBLE_DEVICES (device count, default 1), read from the environment
 //     at every call so that tests can change it with setenv;
 //   - Registry: the double's live registrations (base -> bytes, raw flags, device address,
-//     kind), thread-safe, with overlap detection (any shared byte) and REAL locking: mlock
-//     of the page-rounded range on register; on unregister munlock of only those pages that
-//     no other live registration of this double still covers (mlock locks do not nest);
+//     owner, kind), thread-safe, with overlap detection (any shared byte; or overlaps kept,
+//     as ROCr does) and REAL locking: mlock of the page-rounded range on register; on
+//     unregister munlock of only those pages that no other live registration of this double
+//     still covers (mlock locks do not nest); a Locking::None registration is only recorded,
+//     as AscendCL records a PINNED-only range on drivers without pin-register support;
 //   - Recorder: how often each exported vendor function was called, and the raw flags of
 //     every register call;
 //   - the inspection API every double exports for tests (extern "C", see the end).
@@ -25,6 +27,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +36,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 // Marks a symbol the double exports (everything else is hidden).
@@ -157,7 +161,9 @@ struct Registration {
     size_t bytes = 0;
     unsigned flags = 0;      // raw flags (or V1 type) as the vendor call received them
     uintptr_t device = 0;    // device address of base; 0 when the vendor maps none
-    const char* kind = "";   // static text, e.g. "coarse-grained" (HIP), "pinned" (ACL)
+    uintptr_t owner = 0;     // who made it (CUDA: the context); 0 if the vendor has no notion
+    bool locked = true;      // false: recorded only, no page locked
+    const char* kind = "";   // static text, e.g. "io-memory" (HIP), "pinned" (ACL)
 };
 
 class Registry {
@@ -166,55 +172,53 @@ public:
         Ok,
         Overlap,     // some byte of the range is already registered
         LockFailed,  // mlock failed; errno in *error
-        NotLive,     // remove: not the base of a live registration
+        NotLive,     // remove: not the base of a live registration (of that owner)
     };
+    enum class Overlaps { Refuse, Keep };
 
-    // Records reg and locks its pages. The caller has rejected NULL, 0 bytes and ranges
-    // that wrap. The lock is held across mlock so that no concurrent remove() can decide
-    // to unlock a page this registration is about to share.
-    Result add(const Registration& reg, int* error) {
+    // Records reg and, if reg.locked, locks its pages. The caller has rejected NULL, 0 bytes
+    // and ranges that wrap. Overlaps::Keep records a range that overlaps others (ROCr keeps
+    // overlapping locks); an identical base is then not recorded twice. The lock is held
+    // across mlock so that no concurrent remove() can decide to unlock a page this
+    // registration is about to share.
+    Result add(const Registration& reg, int* error, Overlaps overlaps = Overlaps::Refuse) {
         std::lock_guard<std::mutex> lock(mu_);
-        const uintptr_t end = reg.base + reg.bytes;
-        auto below_end = regs_.lower_bound(end);  // first registration starting at/after end
-        if (below_end != regs_.begin()) {
-            // Registrations never overlap, so the last one starting below end also ends
-            // last: the range is free iff that one ends at or before base.
-            const Registration& prev = std::prev(below_end)->second;
-            if (prev.base + prev.bytes > reg.base) return Result::Overlap;
-        }
-        const uintptr_t lo = page_down(reg.base), hi = page_up(end);
-        if (lock_pages(lo, hi) != 0) {
+        if (overlaps == Overlaps::Refuse && overlapping(reg.base, reg.base + reg.bytes)) return Result::Overlap;
+        if (reg.locked && lock_pages(page_down(reg.base), page_up(reg.base + reg.bytes)) != 0) {
             if (error) *error = errno;
-            // Linux may lock part of the range before it fails (e.g. at a hole): undo
-            // that, sparing pages the neighbours hold.
-            unlock_unshared(reg.base, reg.bytes);
+            // Linux may lock part of the range before it fails (e.g. at a hole): undo that,
+            // sparing pages other registrations hold.
+            unlock_unheld(reg.base, reg.bytes);
             return Result::LockFailed;
         }
-        regs_.emplace(reg.base, reg);
+        regs_.emplace(reg.base, reg);  // an existing identical base stays as it was
         return Result::Ok;
     }
 
-    // Forgets the registration whose base is exactly base and unlocks its pages that no
-    // other registration covers.
-    Result remove(uintptr_t base) {
+    // Forgets the registration whose base is exactly base (made by owner, when owner is not
+    // NULL) and unlocks its pages that no other registration covers.
+    Result remove(uintptr_t base, const uintptr_t* owner = nullptr) {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = regs_.find(base);
-        if (it == regs_.end()) return Result::NotLive;
-        const size_t bytes = it->second.bytes;
+        if (it == regs_.end() || (owner && it->second.owner != *owner)) return Result::NotLive;
+        const Registration reg = it->second;
         regs_.erase(it);
-        unlock_unshared(base, bytes);
+        if (reg.locked) unlock_unheld(reg.base, reg.bytes);
         return Result::Ok;
     }
 
-    // The live registration containing address p (any byte of it).
+    // The live registration containing address p (any byte of it; the one with the highest
+    // base below p when several overlap).
     bool find(uintptr_t p, Registration* out) const {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = regs_.upper_bound(p);
-        if (it == regs_.begin()) return false;
-        --it;
-        if (p - it->second.base >= it->second.bytes) return false;
-        if (out) *out = it->second;
-        return true;
+        for (auto it = regs_.upper_bound(p); it != regs_.begin();) {
+            --it;
+            if (p - it->second.base < it->second.bytes) {
+                if (out) *out = it->second;
+                return true;
+            }
+        }
+        return false;
     }
 
     long live() const {
@@ -222,25 +226,40 @@ public:
         return static_cast<long>(regs_.size());
     }
 
+    // Does any live registration share a byte with [lo, hi)?
+    bool overlaps(uintptr_t lo, uintptr_t hi) const {
+        std::lock_guard<std::mutex> lock(mu_);
+        return overlapping(lo, hi);
+    }
+
 private:
-    // munlock the pages of [base, base + bytes), a range not (or no longer) in regs_,
-    // except a first or last page that a neighbouring registration also touches. Since
-    // registrations never share a byte, only the nearest neighbour on each side can share
-    // an edge page. Called with mu_ held.
-    void unlock_unshared(uintptr_t base, size_t bytes) {
-        uintptr_t lo = page_down(base), hi = page_up(base + bytes);
-        auto next = regs_.lower_bound(base);
-        if (next != regs_.begin()) {
-            const Registration& prev = std::prev(next)->second;
-            if (page_down(prev.base + prev.bytes - 1) == lo) lo += page_size();
+    bool overlapping(uintptr_t lo, uintptr_t hi) const {
+        for (const auto& [base, r] : regs_)
+            if (base < hi && base + r.bytes > lo) return true;
+        return false;
+    }
+
+    // munlock the pages of [base, base + bytes), a range not (or no longer) in regs_, except
+    // those a locked registration still touches. Called with mu_ held.
+    void unlock_unheld(uintptr_t base, size_t bytes) {
+        const uintptr_t lo = page_down(base), hi = page_up(base + bytes);
+        std::vector<std::pair<uintptr_t, uintptr_t>> held;  // page ranges still locked
+        for (const auto& [b, r] : regs_) {
+            if (!r.locked) continue;
+            const uintptr_t rlo = page_down(b), rhi = page_up(b + r.bytes);
+            if (rlo < hi && rhi > lo) held.emplace_back(rlo, rhi);
         }
-        if (next != regs_.end() && page_down(next->second.base) == hi - page_size())
-            hi -= page_size();
-        if (lo < hi) unlock_pages(lo, hi);  // ENOMEM at a hole: nothing was locked there
+        std::sort(held.begin(), held.end());
+        uintptr_t at = lo;
+        for (const auto& [hlo, hhi] : held) {
+            if (hlo > at) unlock_pages(at, std::min(hlo, hi));  // ENOMEM at a hole: nothing locked there
+            at = std::max(at, hhi);
+        }
+        if (at < hi) unlock_pages(at, hi);
     }
 
     mutable std::mutex mu_;
-    std::map<uintptr_t, Registration> regs_;  // base -> registration; never intersecting
+    std::map<uintptr_t, Registration> regs_;  // base -> registration
 };
 
 // The double's one registry; never destroyed.

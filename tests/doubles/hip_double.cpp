@@ -4,24 +4,26 @@
 // library: it exports HIP's C signatures for the calls hostreg's HIP backend needs, enforces
 // the documented rules strictly, and page-locks for real with mlock(2).
 //
-// Sources: /work/shared/reference/vendor-abi.md, section "AMD ROCm, HIP", which collects
-// `include/hip/hip_runtime_api.h` (signatures, hipHostRegister* flags, hipError_t numbers)
-// and clr's `hipamd/src/hip_memory.cpp` (IoMemory refused, ReadOnly = coarse-grained).
+// Modelled on ROCm's own files: include/hip/hip_runtime_api.h (signatures, flags,
+// hipError_t numbers) and clr's hipamd/src/hip_memory.cpp (ihipHostRegister,
+// ihipHostUnregister; github.com/ROCm/rocm-systems projects/clr), and on what Debian's real
+// libamdhip64.so.5 (ROCm 5.2.3) answers on a machine without a GPU.
 //
-// Rules enforced (hipError_t numbers in parentheses):
+// Rules (hipError_t numbers in parentheses):
 //   - HOSTREG_DOUBLE_DEVICES (default 1) read at every call. With 0 devices
-//     hipGetDeviceCount stores 0 and answers hipErrorNoDevice (100), and so do the memory
-//     calls (hipHost*): the runtime cannot initialize without a device.
-//   - hipHostRegister: NULL or 0 bytes -> hipErrorInvalidValue (1); flag bits outside
-//     Portable 0x1 | Mapped 0x2 | IoMemory 0x4 | ReadOnly/Coarse-grained 0x8 |
-//     Uncached 0x80000000 -> 1; IoMemory 0x4 -> 1 (newer clr); a range wrapping past the
-//     end of the address space -> 1; any byte already registered ->
-//     hipErrorHostMemoryAlreadyRegistered (712); mlock failure -> hipErrorOutOfMemory (2).
-//     0x8 is accepted but the registration is recorded as "coarse-grained" (clr treats
-//     ReadOnly as hipExtHostRegisterCoarseGrained); hostreg_double_kind() reports it. The
-//     raw flags of every call are recorded (hostreg_double_last_flags/_flags_log).
-//   - hipHostUnregister: anything but the base of a live registration ->
-//     hipErrorHostMemoryNotRegistered (713).
+//     hipGetDeviceCount stores 0 and answers hipErrorNoDevice (100), and the memory calls
+//     answer hipErrorInvalidDevice (101), as the real runtime does with no GPU.
+//   - hipHostRegister (clr ihipHostRegister): NULL, 0 bytes or flag bits outside Portable
+//     0x1 | Mapped 0x2 | IoMemory 0x4 | 0x8 (ReadOnly / CoarseGrained) | Uncached
+//     0x80000000 -> hipErrorInvalidValue (1). Every registration is made the same way
+//     (CL_MEM_USE_HOST_PTR | CL_MEM_SVM_ATOMICS): bit 0x8 is ignored; IoMemory marks it as
+//     I/O memory. Pinning failure (`if (!mem->create(...)) ... return hipErrorInvalidValue`)
+//     -> 1, not 2: here when mlock fails. clr never answers 712: an overlapping range is
+//     registered too (its memory-object map only logs a duplicate base) and ROCr keeps
+//     overlapping locks, so pages stay locked while any registration covers them.
+//   - hipHostUnregister (clr ihipHostUnregister): NULL -> 1; a pointer inside a registration
+//     that is not its base ABORTS THE PROCESS, as clr's guarantee() in MemObjMap::RemoveMemObj
+//     does; an unknown pointer -> hipErrorHostMemoryNotRegistered (713).
 //   - hipHostGetDevicePointer: flags must be 0, the out pointer non-NULL and the address
 //     inside a live registration, else 1. The device address is host + 0x200000000000
 //     (hip_runtime_api.h: the device address may differ from the host address).
@@ -30,6 +32,8 @@
 //   - hipGetErrorName/hipGetErrorString: HIP's names; unknown codes read as
 //     "hipErrorUnknown" / "unknown error".
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include "double_common.hpp"
 
@@ -41,15 +45,14 @@ using namespace hostreg_double;
 
 constexpr hipError_t hipSuccess = 0;
 constexpr hipError_t hipErrorInvalidValue = 1;
-constexpr hipError_t hipErrorOutOfMemory = 2;
 constexpr hipError_t hipErrorNoDevice = 100;
-constexpr hipError_t hipErrorHostMemoryAlreadyRegistered = 712;
+constexpr hipError_t hipErrorInvalidDevice = 101;
 constexpr hipError_t hipErrorHostMemoryNotRegistered = 713;
 
 constexpr unsigned hipHostRegisterPortable = 0x1u;
 constexpr unsigned hipHostRegisterMapped = 0x2u;
 constexpr unsigned hipHostRegisterIoMemory = 0x4u;
-constexpr unsigned hipHostRegisterReadOnly = 0x8u;  // == hipExtHostRegisterCoarseGrained
+constexpr unsigned hipHostRegisterReadOnly = 0x8u;  // == hipExtHostRegisterCoarseGrained; ignored
 constexpr unsigned hipExtHostRegisterUncached = 0x80000000u;
 constexpr unsigned kKnownFlags = hipHostRegisterPortable | hipHostRegisterMapped |
                                  hipHostRegisterIoMemory | hipHostRegisterReadOnly |
@@ -121,11 +124,10 @@ HRD_EXPORT hipError_t hipDriverGetVersion(int* version) {
 HRD_EXPORT hipError_t hipHostRegister(void* ptr, size_t bytes, unsigned flags) {
     HRD_RECORD_CALL();
     recorder().register_flags(flags);
-    if (no_device()) return hipErrorNoDevice;
+    if (no_device()) return hipErrorInvalidDevice;
     const uintptr_t base = reinterpret_cast<uintptr_t>(ptr);
     if (!ptr || bytes == 0) return hipErrorInvalidValue;
     if (flags & ~kKnownFlags) return hipErrorInvalidValue;
-    if (flags & hipHostRegisterIoMemory) return hipErrorInvalidValue;
     if (wraps(base, bytes)) return hipErrorInvalidValue;
 
     Registration reg;
@@ -133,25 +135,30 @@ HRD_EXPORT hipError_t hipHostRegister(void* ptr, size_t bytes, unsigned flags) {
     reg.bytes = bytes;
     reg.flags = flags;
     reg.device = base + kDeviceOffset;
-    reg.kind = (flags & hipHostRegisterReadOnly) ? "coarse-grained" : "fine-grained";
-    switch (registry().add(reg, nullptr)) {
-        case Registry::Result::Ok: return hipSuccess;
-        case Registry::Result::Overlap: return hipErrorHostMemoryAlreadyRegistered;
-        default: return hipErrorOutOfMemory;  // mlock failed
-    }
+    reg.kind = (flags & hipHostRegisterIoMemory) ? "io-memory" : "fine-grained";
+    if (registry().add(reg, nullptr, Registry::Overlaps::Keep) != Registry::Result::Ok)
+        return hipErrorInvalidValue;  // mem->create failed: clr answers 1
+    return hipSuccess;
 }
 
 HRD_EXPORT hipError_t hipHostUnregister(void* ptr) {
     HRD_RECORD_CALL();
-    if (no_device()) return hipErrorNoDevice;
-    if (registry().remove(reinterpret_cast<uintptr_t>(ptr)) != Registry::Result::Ok)
-        return hipErrorHostMemoryNotRegistered;
+    if (no_device()) return hipErrorInvalidDevice;
+    if (!ptr) return hipErrorInvalidValue;
+    const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    Registration reg;
+    if (registry().find(p, &reg) && reg.base != p) {
+        std::fprintf(stderr, "hip double: hipHostUnregister(%p) is inside the registration at %p: clr aborts here\n",
+                     ptr, reinterpret_cast<void*>(reg.base));
+        std::abort();
+    }
+    if (registry().remove(p) != Registry::Result::Ok) return hipErrorHostMemoryNotRegistered;
     return hipSuccess;
 }
 
 HRD_EXPORT hipError_t hipHostGetDevicePointer(void** device_ptr, void* ptr, unsigned flags) {
     HRD_RECORD_CALL();
-    if (no_device()) return hipErrorNoDevice;
+    if (no_device()) return hipErrorInvalidDevice;
     if (!device_ptr || flags != 0) return hipErrorInvalidValue;
     const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
     Registration reg;
@@ -162,7 +169,7 @@ HRD_EXPORT hipError_t hipHostGetDevicePointer(void** device_ptr, void* ptr, unsi
 
 HRD_EXPORT hipError_t hipHostGetFlags(unsigned* flags, void* ptr) {
     HRD_RECORD_CALL();
-    if (no_device()) return hipErrorNoDevice;
+    if (no_device()) return hipErrorInvalidDevice;
     if (!flags) return hipErrorInvalidValue;
     Registration reg;
     if (!registry().find(reinterpret_cast<uintptr_t>(ptr), &reg)) return hipErrorInvalidValue;

@@ -5,10 +5,10 @@
 // hostreg's MUSA backend needs, enforces the rules strictly, and page-locks for real with
 // mlock(2).
 //
-// Sources: /work/shared/reference/vendor-abi.md, section "Moore Threads MUSA": the runtime
-// mirrors CUDA's runtime (`cuda_runtime_api.h`, `driver_types.h` of CUDA 13.0, section
-// "NVIDIA CUDA"): same functions with the musa prefix, same flags. MUSA's error numbers are
-// *unconfirmed* there ("expected to mirror CUDA"); this double uses CUDA's.
+// Modelled on CUDA 13.0's runtime (cuda_runtime_api.h, driver_types.h), which the MUSA
+// runtime mirrors (MUSA publishes no header outside its SDK; torch_musa's sources call the
+// same functions with the musa prefix and the same flags; docs/vendors.md "MUSA"). MUSA's
+// error numbers are unconfirmed ("expected to mirror CUDA"); this double uses CUDA's.
 //
 // Rules enforced (musaError_t numbers in parentheses):
 //   - HOSTREG_DOUBLE_DEVICES (default 1) read at every call. With 0 devices

@@ -3,7 +3,7 @@ alone and beside Ascend's ``transfer_to_npu``, reproduced without Ascend hardwar
 
 ``torch_npu.contrib.transfer_to_npu`` redirects ``torch.cuda.is_initialized`` to the NPU, so
 ``torch.cuda._lazy_init`` returns early and ``torch.cuda.cudart()`` returns ``None``
-(shared/reference/torch-integration.md). ``NPU_LIKE`` below does exactly that.
+(docs/pytorch.md). ``NPU_LIKE`` below does exactly that.
 """
 
 from __future__ import annotations

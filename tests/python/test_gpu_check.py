@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh / gpu_check.py (issue 6) without a GPU: the dry run prints a row for
+"""scripts/gpu_check.sh / gpu_check.py without a GPU: the dry run prints a row for
 every check in the table format the GPU run uses, the targets' arithmetic fails when it
 should, the differential test reports every difference, and arguments are validated.
 

@@ -1,4 +1,4 @@
-"""The scenario that failed without CUDA (shared/reference/torch-integration.md), run through
+"""The scenario that failed without CUDA (docs/pytorch.md), run through
 PyTorch's own _create_cpu_state_dict / _copy_state_dict with hostreg installed."""
 
 from __future__ import annotations

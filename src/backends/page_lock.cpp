@@ -1,0 +1,74 @@
+// page_lock.cpp: see page_lock.hpp.
+#include "backends/page_lock.hpp"
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "core/memory_map.hpp"
+
+namespace hostreg {
+
+// mlock(2) / munlock(2) as system calls: sanitizer runtimes (ASan, TSan) replace the libc
+// wrappers with no-ops, which would make every success here a lie under a sanitizer build.
+int lock_pages(uintptr_t addr, size_t len) {
+    return static_cast<int>(syscall(SYS_mlock, addr, len));
+}
+int unlock_pages(uintptr_t addr, size_t len) {
+    return static_cast<int>(syscall(SYS_munlock, addr, len));
+}
+
+// Does this process hold CAP_IPC_LOCK (bit 14 of CapEff)?
+bool has_cap_ipc_lock() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line)) {
+        if (line.rfind("CapEff:", 0) == 0) {
+            unsigned long long caps = std::strtoull(line.c_str() + 7, nullptr, 16);
+            return (caps >> 14) & 1ULL;
+        }
+    }
+    return false;
+}
+
+// The Status for a failed mlock of [first, first+len), explaining the cause.
+Status lock_failure(int err, uintptr_t first, size_t len) {
+    char range[64];
+    std::snprintf(range, sizeof range, "0x%zx+%zu", static_cast<size_t>(first), len);
+    std::string what = std::string("mlock(") + range + ") failed: " + std::strerror(err);
+    if (err == ENOMEM) {
+        if (!range_mapped(first, len))
+            return Status::error(hostregErrorInvalidValue,
+                                 what + ": the range is not (fully) mapped memory", err);
+        if (range_has_no_access_pages(first, len))
+            return Status::error(hostregErrorInvalidValue,
+                                 what + ": the range includes pages with no access (PROT_NONE)", err);
+        struct rlimit rl {};
+        getrlimit(RLIMIT_MEMLOCK, &rl);
+        if (!has_cap_ipc_lock() && rl.rlim_cur != RLIM_INFINITY)
+            return Status::error(
+                hostregErrorMemoryAllocation,
+                what + ": locking it would exceed RLIMIT_MEMLOCK (" +
+                    std::to_string(rl.rlim_cur / 1024) +
+                    " KiB, see `ulimit -l`) and the process lacks CAP_IPC_LOCK; raise the "
+                    "limit (ulimit -l unlimited, docker --ulimit memlock=-1) or grant "
+                    "CAP_IPC_LOCK",
+                err);
+        return Status::error(hostregErrorMemoryAllocation, what + ": the kernel is out of memory",
+                             err);
+    }
+    if (err == EPERM)
+        return Status::error(hostregErrorNotPermitted, what + ": not permitted", err);
+    if (err == EINVAL) return Status::error(hostregErrorInvalidValue, what, err);
+    return Status::error(hostregErrorMemoryAllocation, what + ": some pages could not be locked",
+                         err);
+}
+
+}  // namespace hostreg

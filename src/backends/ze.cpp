@@ -1,0 +1,167 @@
+// ze.cpp: Intel GPUs (PyTorch XPU), through oneAPI Level Zero (libze_loader.so.1; calls in
+// ze_abi.hpp).
+//
+// Level Zero's counterpart of cudaHostRegister is the driver extension
+// zexDriverImportExternalPointer(hDriver, ptr, size) / zexDriverReleaseImportedPointer(hDriver,
+// ptr) of Intel's compute-runtime (level_zero/api/driver_experimental/public/zex_driver.cpp),
+// fetched after zeInit(0) and zeDriverGet with zeDriverGetExtensionFunctionAddress. Why this
+// and not the newer ZE_extension_external_memmap_sysmem (compute-runtime
+// doc/experimental_extensions/EXTERNAL_MEMMAP_SYSMEM.md): the import keeps the caller's own
+// address for host and device alike and is undone by that address, exactly cudaHostRegister's
+// contract, and compute-runtime enables it by default (EnableHostPointerImport, -1: enabled);
+// the memmap extension instead returns a second USM pointer from zeMemAllocHost, needs a
+// context, and is released with zeMemFree of that pointer.
+//
+// What the import does (level_zero/core/source/driver/host_pointer_manager.cpp,
+// HostPointerManager::createHostPointerMultiAllocation): for every device it creates an
+// allocation of type externalHostPtr over the range (a userptr the device's DMA can reach);
+// null or size 0 -> ZE_RESULT_ERROR_INVALID_ARGUMENT; a range inside an imported one ->
+// SUCCESS (the registry answers 712 itself, as CUDA does); overlaps -> OVERLAPPING_REGIONS,
+// HANDLE_OBJECT_IN_USE or INVALID_SIZE; allocation failure -> OUT_OF_HOST_MEMORY; release of
+// an unknown pointer -> INVALID_ARGUMENT (driver_handle.cpp). The import does not promise the
+// pages are pinned before the GPU first uses them, so hostreg also page-locks them with
+// mlock(2): a success is an import *and* a lock. Locks do not nest, so the granule is a page
+// (core/page_share.hpp shares edge pages). The device reaches imported memory at its host
+// address.
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "backends/codes.hpp"
+#include "backends/dynlib.hpp"
+#include "backends/page_lock.hpp"
+#include "backends/ze_abi.hpp"
+#include "core/memory_map.hpp"
+
+namespace hostreg {
+namespace {
+
+using namespace ze_abi;
+
+HOSTREG_DEFINE_API(HOSTREG_ZE_SYMBOLS)
+
+constexpr CodeMap kCodes[] = {
+    {kResultSuccess, hostregSuccess},
+    {kResultErrorInvalidArgument, hostregErrorInvalidValue},
+    {kResultErrorInvalidNullPointer, hostregErrorInvalidValue},
+    {kResultErrorOutOfHostMemory, hostregErrorMemoryAllocation},
+    {kResultErrorUnsupportedFeature, hostregErrorNotSupported},
+    {kResultErrorUninitialized, hostregErrorInitializationError},
+    {kResultErrorOverlappingRegions, hostregErrorHostMemoryAlreadyRegistered},
+    {kResultErrorHandleObjectInUse, hostregErrorHostMemoryAlreadyRegistered},
+    {kResultErrorInvalidSize, hostregErrorHostMemoryAlreadyRegistered},
+    {kResultErrorDeviceLost, 46},  // cudaErrorDevicesUnavailable
+};
+
+struct Ze : Runtime<Api> {
+    static constexpr const char* kLibraryEnv = "HOSTREG_ZE_LIBRARY";
+    static constexpr const char* kLibraryNames[] = {"libze_loader.so.1", nullptr};
+    static constexpr const char* kAbsent = "no Level Zero loader";
+    ze_driver_handle_t driver = nullptr;
+    zexDriverImportExternalPointer_t import = nullptr;
+    zexDriverReleaseImportedPointer_t release = nullptr;
+};
+
+std::string hex(long long r) {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "0x%llx", r);
+    return buf;
+}
+
+Status failure(const char* call, ze_result_t r) {
+    return Status::error(translate(r, kCodes), std::string(call) + " failed: ze_result_t " + hex(r), r);
+}
+
+Status start(Ze& z) {
+    Api& api = z.api;
+    if (ze_result_t r = api.zeInit(0)) {
+        Status s = failure("zeInit", r);
+        if (r == kResultErrorUninitialized) s.message += " (ZE_RESULT_ERROR_UNINITIALIZED: the loader found no driver)";
+        return s;
+    }
+    size_t n = 1;
+    zel_component_version_t loader{};
+    if (api.zelLoaderGetVersions && api.zelLoaderGetVersions(&n, &loader) == kResultSuccess && n >= 1)
+        z.probe.caps.version = std::string(loader.component_name) + " " + std::to_string(loader.component_lib_version.major) +
+                               "." + std::to_string(loader.component_lib_version.minor) + "." +
+                               std::to_string(loader.component_lib_version.patch);
+    uint32_t count = 0;
+    if (ze_result_t r = api.zeDriverGet(&count, nullptr)) return failure("zeDriverGet", r);
+    ze_driver_handle_t drivers[16] = {};
+    if (count > 16) count = 16;
+    if (ze_result_t r = api.zeDriverGet(&count, drivers)) return failure("zeDriverGet", r);
+    // The first driver with a device and the import extension (an NPU driver may come first).
+    std::string why = "the loader reports no driver";
+    for (uint32_t i = 0; i < count && !z.driver; ++i) {
+        uint32_t devices = 0;
+        if (api.zeDeviceGet(drivers[i], &devices, nullptr) != kResultSuccess || devices == 0) {
+            why = "no driver reports a device";
+            continue;
+        }
+        void* import = nullptr;
+        void* release = nullptr;
+        if (api.zeDriverGetExtensionFunctionAddress(drivers[i], "zexDriverImportExternalPointer", &import) ||
+            api.zeDriverGetExtensionFunctionAddress(drivers[i], "zexDriverReleaseImportedPointer", &release) ||
+            !import || !release) {
+            why = "no driver offers zexDriverImportExternalPointer (Intel compute-runtime's host pointer import)";
+            continue;
+        }
+        z.driver = drivers[i];
+        z.import = reinterpret_cast<zexDriverImportExternalPointer_t>(import);
+        z.release = reinterpret_cast<zexDriverReleaseImportedPointer_t>(release);
+    }
+    if (!z.driver) return Status::error(hostregErrorNoDevice, why);
+    ze_api_version_t api_version = 0;
+    if (api.zeDriverGetApiVersion(z.driver, &api_version) == kResultSuccess)
+        z.probe.caps.version += std::string(z.probe.caps.version.empty() ? "" : ", ") + "Level Zero API " +
+                                std::to_string(api_version >> 16) + "." + std::to_string(api_version & 0xffff);
+    Capabilities& caps = z.probe.caps;
+    caps.flags = HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED | HOSTREG_HOST_REGISTER_READ_ONLY;
+    caps.granule = page_size();
+    caps.note = "imported into the Level Zero driver for every device (zexDriverImportExternalPointer) and "
+                "page-locked with mlock(2)";
+    return Status::ok();
+}
+
+Ze& ze() { return loaded_once<Ze, start>(); }
+
+const Probe& ze_probe() { return ze().probe; }
+
+Status ze_register(void* ptr, size_t bytes, unsigned /*flags*/, Piece* piece) {
+    Ze& z = ze();
+    if (ze_result_t r = z.import(z.driver, ptr, bytes)) return failure("zexDriverImportExternalPointer", r);
+    const auto lo = reinterpret_cast<uintptr_t>(ptr);
+    if (lock_pages(lo, bytes) != 0) {
+        Status s = lock_failure(errno, lo, bytes);
+        if (!range_mapped(lo, bytes)) unlock_pages(lo, bytes);  // a partial lock before a hole
+        z.release(z.driver, ptr);
+        return s;
+    }
+    piece->device = ptr;  // the device reaches imported host memory at its host address
+    return Status::ok();
+}
+
+Status ze_share(void* ptr, size_t bytes, const Piece& /*piece*/) {  // see posix_share
+    const auto lo = reinterpret_cast<uintptr_t>(ptr);
+    return lock_pages(lo, bytes) == 0 ? Status::ok() : lock_failure(errno, lo, bytes);
+}
+
+Status ze_unregister(void* ptr, size_t bytes, const Piece& /*piece*/) {
+    Ze& z = ze();
+    if (ze_result_t r = z.release(z.driver, ptr)) return failure("zexDriverReleaseImportedPointer", r);
+    unlock_pages(reinterpret_cast<uintptr_t>(ptr), bytes);
+    return Status::ok();
+}
+
+}  // namespace
+
+extern const Backend kZeBackend = {
+    /*name=*/"ze",
+    /*probe=*/ze_probe,
+    /*host_register=*/ze_register,
+    /*host_unregister=*/ze_unregister,
+    /*share=*/ze_share,
+};
+
+}  // namespace hostreg
