@@ -142,6 +142,12 @@ typedef struct hostregArena hostregArena;
  * of it. Nothing is left behind on failure. Returns 0, 1 (0 bytes, NULL fd) or 2. */
 HOSTREG_API int hostregSharedMemoryCreate(size_t bytes, int* fd);
 
+/* The directory hostregSharedMemoryCreate makes staging memory in: $HOSTREG_SHM_DIR when set,
+ * else /dev/shm. Stores it in *dir (static until the next call; may be NULL) and returns 0, or
+ * 1 when HOSTREG_SHM_DIR is not an absolute path to an existing tmpfs (or ramfs, hugetlbfs)
+ * directory, the reason in hostregGetLastError (*dir then holds the value given). */
+HOSTREG_API int hostregSharedMemoryDirectory(const char** dir);
+
 /* Allocates and maps every page of [ptr, ptr + bytes) inside the kernel, with several
  * threads, without changing a byte (MADV_POPULATE_WRITE, Linux 5.14; skipped on older
  * kernels). Afterwards no write to the range can fault for lack of memory: a full /dev/shm
@@ -152,7 +158,8 @@ HOSTREG_API int hostregPrepareMemory(void* ptr, size_t bytes, int fd);
 
 /* Registers [ptr, ptr + bytes) as page-aligned chunks of at most max_chunk_bytes (0: the
  * backend's cap, e.g. 256 GiB for CUDA, whose driver r580+ refuses 512 GiB or more in one
- * registration), each an ordinary registration. On success *arena owns them; on failure
+ * registration, or $HOSTREG_MAX_REGISTRATION bytes when that is smaller), each an ordinary
+ * registration. On success *arena owns them; on failure
  * none stays registered and the first failing chunk's code is returned (as
  * hostregHostRegister's). */
 HOSTREG_API int hostregArenaRegister(void* ptr, size_t bytes, unsigned int flags, size_t max_chunk_bytes,
@@ -170,6 +177,39 @@ HOSTREG_API size_t hostregArenaChunkCount(const hostregArena* arena);
  * into its arena. Buffers must not overlap. Returns 0, or 1 when n > 0 and an array is NULL. */
 HOSTREG_API int hostregCopyBatch(void* const* dst, const void* const* src, const size_t* bytes, size_t n,
                                  unsigned int threads);
+
+/* ---- Staging buffers: a state dict's staging memory, owned whole ---- */
+
+typedef struct hostregStagingBuffer hostregStagingBuffer;
+
+/* Makes `bytes` (> 0) of staging memory in one call that leaves nothing behind on failure:
+ * shared (shared != 0: an unnamed file from hostregSharedMemoryCreate, mapped MAP_SHARED) or
+ * private anonymous memory; every page allocated (hostregPrepareMemory); registered with
+ * flags, in chunks of at most max_chunk_bytes, when pin != 0 (hostregArenaRegister). On
+ * success *out owns the file, the mapping and the registration; hostregStagingBufferDestroy
+ * releases all three. Returns 0, or the first failing step's code (1, 2, 712, 801, ...) with
+ * *out NULL. */
+HOSTREG_API int hostregStagingBufferCreate(size_t bytes, int shared, int pin, unsigned int flags,
+                                           size_t max_chunk_bytes, hostregStagingBuffer** out);
+
+/* Maps the shared staging buffer of `bytes` bytes another process made, given a descriptor of
+ * its file, which it takes over (closed on failure too). Not registered (its pages are locked
+ * by the process that made it). Returns 0, 1 (bad descriptor, file smaller than bytes) or 2. */
+HOSTREG_API int hostregStagingBufferAttach(int fd, size_t bytes, hostregStagingBuffer** out);
+
+/* The buffer's first byte (page-aligned), its size in bytes, its file's descriptor (-1 for
+ * private memory; owned by the buffer), and the registrations it holds. NULL answers 0/-1. */
+HOSTREG_API void* hostregStagingBufferData(const hostregStagingBuffer* buffer);
+HOSTREG_API size_t hostregStagingBufferSize(const hostregStagingBuffer* buffer);
+HOSTREG_API int hostregStagingBufferFd(const hostregStagingBuffer* buffer);
+HOSTREG_API size_t hostregStagingBufferChunks(const hostregStagingBuffer* buffer);
+
+/* Undoes the buffer's registration now; the memory stays mapped. Idempotent. Returns 0 or the
+ * first chunk's failure code; NULL answers 1. */
+HOSTREG_API int hostregStagingBufferUnregister(hostregStagingBuffer* buffer);
+
+/* Unregisters, unmaps and closes everything the buffer owns, and frees it. NULL is a no-op. */
+HOSTREG_API void hostregStagingBufferDestroy(hostregStagingBuffer* buffer);
 
 /* Names of the backends compiled in, in the order HOSTREG_BACKEND=auto tries them
  * ("cuda", "hip", "acl", "ze", "musa", "posix"), NULL-terminated. Static storage. */

@@ -24,12 +24,18 @@
 //   when the calling thread has none: aclInit (100002, already initialised, is fine) at first
 //   use, then aclrtSetDevice on the device current where hostreg was first used, else device 0,
 //   leaving it current, as cudaHostRegister would.
+// - A registration is made for the thread's current device (ApiImpl::HostRegisterV2 passes
+//   CurrentContext()->Device_()->Id_() to the driver, and HostUnregister likewise): each piece
+//   remembers its device and is undone on it, the thread's device restored after. A host page
+//   can be registered for one device only, so two registrations on different NPUs cannot share
+//   an edge page: the second answers 801 and says so.
 // - Codes (kCodes below); aclGetRecentErrMsg gives the runtime's own explanation, kept in the
 //   message. aclrtHostGetDevicePointer takes only the exact base of a registration.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "backends/acl_abi.hpp"
@@ -119,6 +125,10 @@ Status ensure_context() {
 
 const Probe& acl_probe() { return acl().probe; }
 
+// A piece's owner is its device, stored as device + 1 (so that no device is nullptr).
+void* owner_of(int32_t device) { return reinterpret_cast<void*>(static_cast<intptr_t>(device) + 1); }
+int32_t device_of(const Piece& piece) { return static_cast<int32_t>(reinterpret_cast<intptr_t>(piece.owner) - 1); }
+
 // [ptr, ptr + bytes) is whole granules (the registry's doing).
 Status acl_register(void* ptr, size_t bytes, unsigned /*flags*/, Piece* piece) {
     Api& api = acl().api;
@@ -134,14 +144,40 @@ Status acl_register(void* ptr, size_t bytes, unsigned /*flags*/, Piece* piece) {
     if (api.aclrtHostRegisterV2 &&
         (!api.aclrtHostGetDevicePointer || api.aclrtHostGetDevicePointer(ptr, &dev, 0) != kSuccess))
         dev = nullptr;
+    int32_t device = 0;
+    api.aclrtGetDevice(&device);  // ensure_context made sure there is one
     piece->device = dev;
+    piece->owner = owner_of(device);
     return Status::ok();
 }
 
-Status acl_unregister(void* ptr, size_t /*bytes*/, const Piece& /*piece*/) {
+// One more registration shares an edge page: only on the device it is registered for.
+Status acl_share(void* ptr, size_t /*bytes*/, const Piece& piece) {
     Api& api = acl().api;
     if (Status s = ensure_context(); !s.is_ok()) return s;
-    if (aclError r = api.aclrtHostUnregister(ptr)) return failure(api, "aclrtHostUnregister", r);
+    int32_t device = 0;
+    api.aclrtGetDevice(&device);
+    if (device == device_of(piece)) return Status::ok();
+    char at[32];
+    std::snprintf(at, sizeof at, "%p", ptr);
+    return Status::error(hostregErrorNotSupported,
+                         std::string("the 4 KiB page at ") + at + " is registered for NPU " +
+                             std::to_string(device_of(piece)) + " by a neighbouring registration, and this thread's is NPU " +
+                             std::to_string(device) + ": AscendCL registers a host page for one device only (align "
+                             "ranges registered for different NPUs to 4 KiB)");
+}
+
+Status acl_unregister(void* ptr, size_t /*bytes*/, const Piece& piece) {
+    Api& api = acl().api;
+    const int32_t owner = device_of(piece);
+    int32_t current = -1;
+    const bool had_context = api.aclrtGetDevice(&current) == kSuccess;
+    if (!had_context || current != owner) {  // undone on its own device
+        if (aclError r = api.aclrtSetDevice(owner)) return failure(api, "aclrtSetDevice", r);
+    }
+    const aclError r = api.aclrtHostUnregister(ptr);
+    if (had_context && current != owner) api.aclrtSetDevice(current);  // the thread's device back
+    if (r) return failure(api, "aclrtHostUnregister", r);
     return Status::ok();
 }
 
@@ -152,7 +188,7 @@ extern const Backend kAclBackend = {
     /*probe=*/acl_probe,
     /*host_register=*/acl_register,
     /*host_unregister=*/acl_unregister,
-    /*share=*/nullptr,
+    /*share=*/acl_share,
 };
 
 }  // namespace hostreg

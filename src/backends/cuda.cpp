@@ -87,16 +87,21 @@ Status start(Cuda& c) {
 Cuda& cuda() { return loaded_once<Cuda, start>(); }
 
 // Runs call with ctx current (nullptr: the caller's current context, else device 0's primary
-// one) and stores the context used in *used. Returns call's CUresult.
+// one) and stores the context used in *used. Returns call's CUresult, or the push's when ctx
+// cannot be made current (*pushed then false).
 template <class F>
-CUresult in_context(CUcontext ctx, CUcontext* used, F call) {
+CUresult in_context(CUcontext ctx, CUcontext* used, F call, bool* pushed = nullptr) {
     Cuda& c = cuda();
     CUcontext current = nullptr;
     if (c.api.cuCtxGetCurrent(&current) != kCudaSuccess) current = nullptr;
     if (ctx == nullptr) ctx = current ? current : c.primary;
     *used = ctx;
+    if (pushed) *pushed = true;
     if (ctx == current) return call();
-    if (CUresult r = c.api.cuCtxPushCurrent_v2(ctx)) return r;
+    if (CUresult r = c.api.cuCtxPushCurrent_v2(ctx)) {
+        if (pushed) *pushed = false;
+        return r;
+    }
     CUresult r = call();
     CUcontext popped = nullptr;
     c.api.cuCtxPopCurrent_v2(&popped);
@@ -123,9 +128,20 @@ Status cuda_register(void* ptr, size_t bytes, unsigned flags, Piece* piece) {
 Status cuda_unregister(void* ptr, size_t /*bytes*/, const Piece& piece) {
     Api& api = cuda().api;
     CUcontext used = nullptr;
-    if (CUresult r = in_context(static_cast<CUcontext>(piece.owner), &used, [&] { return api.cuMemHostUnregister(ptr); }))
-        return failure(api, "cuMemHostUnregister", r);
-    return Status::ok();
+    bool pushed = true;
+    CUresult r = in_context(static_cast<CUcontext>(piece.owner), &used, [&] { return api.cuMemHostUnregister(ptr); },
+                            &pushed);
+    if (r == kCudaSuccess) return Status::ok();
+    // The context it was made in is gone (released to nothing, reset or destroyed), and its
+    // registrations went with it (cuda.h: a primary context "is automatically reset once the
+    // last reference to it is released"): "not registered", so the registry forgets it rather
+    // than keep it for ever.
+    if (!pushed && (r == kCudaErrorInvalidContext || r == kCudaErrorContextIsDestroyed)) {
+        Status s = failure(api, "cuCtxPushCurrent_v2", r);
+        return Status::error(hostregErrorHostMemoryNotRegistered,
+                             s.message + " (the context the registration was made in is gone, and the registration with it)", r);
+    }
+    return failure(api, "cuMemHostUnregister", r);
 }
 
 }  // namespace

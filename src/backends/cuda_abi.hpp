@@ -16,6 +16,8 @@ using CUdevice_attribute = int;  // enum CUdevice_attribute_enum
 
 constexpr CUresult kCudaSuccess = 0;  // CUDA_SUCCESS
 constexpr CUresult kCudaErrorStubLibrary = 34;  // CUDA_ERROR_STUB_LIBRARY, the toolkit's stubs/libcuda.so
+constexpr CUresult kCudaErrorInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
+constexpr CUresult kCudaErrorContextIsDestroyed = 709;  // CUDA_ERROR_CONTEXT_IS_DESTROYED
 // cuMemHostRegister flags: the same bits as the runtime's cudaHostRegister flags.
 constexpr unsigned kMemHostRegisterPortable = 0x01;  // CU_MEMHOSTREGISTER_PORTABLE
 constexpr unsigned kMemHostRegisterDeviceMap = 0x02;  // CU_MEMHOSTREGISTER_DEVICEMAP

@@ -19,7 +19,9 @@
 //
 // Library files: HOSTREG_<VENDOR>_LIBRARY may name one, by absolute path only (a relative
 // name could load a file from the working directory); otherwise the vendor's names are tried
-// in order through the system's search path.
+// in order through the system's search path, except that a name the loader would find in the
+// working directory (an empty or relative LD_LIBRARY_PATH element) is looked for in the
+// absolute directories of the search path only.
 #pragma once
 
 #include <dlfcn.h>
@@ -37,6 +39,8 @@ public:
     void open(const char* override_env, const char* const* names);
 
     bool loaded() const { return handle_ != nullptr; }
+    // No candidate file could be loaded (rather than an override refused).
+    bool not_found() const { return not_found_; }
     const Status& status() const { return status_; }
     const std::string& path() const { return path_; }  // file actually loaded
 
@@ -47,6 +51,7 @@ public:
 
 private:
     void* handle_ = nullptr;  // never dlclosed: vendor runtimes do not survive unloading
+    bool not_found_ = false;
     std::string path_;
     Status status_;
 };
@@ -72,7 +77,7 @@ T& loaded_once() {
         t->lib.open(T::kLibraryEnv, T::kLibraryNames);
         Status s = t->lib.status();
         if (!t->lib.loaded()) {
-            s.message = std::string(T::kAbsent) + ": " + s.message;
+            if (t->lib.not_found()) s.message = std::string(T::kAbsent) + ": " + s.message;
         } else {
             t->probe.caps.library = t->lib.path();
             s = t->api.bind(t->lib);

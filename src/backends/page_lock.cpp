@@ -38,6 +38,8 @@ bool has_cap_ipc_lock() {
     return false;
 }
 
+namespace {
+
 // The Status for a failed mlock of [first, first+len), explaining the cause.
 Status lock_failure(int err, uintptr_t first, size_t len) {
     char range[64];
@@ -50,6 +52,10 @@ Status lock_failure(int err, uintptr_t first, size_t len) {
         if (range_has_no_access_pages(first, len))
             return Status::error(hostregErrorInvalidValue,
                                  what + ": the range includes pages with no access (PROT_NONE)", err);
+        if (range_past_file_end(first, len))
+            return Status::error(hostregErrorInvalidValue,
+                                 what + ": the range maps a file past the end of the file (any access there is a SIGBUS)",
+                                 err);
         struct rlimit rl {};
         getrlimit(RLIMIT_MEMLOCK, &rl);
         if (!has_cap_ipc_lock() && rl.rlim_cur != RLIM_INFINITY)
@@ -69,6 +75,15 @@ Status lock_failure(int err, uintptr_t first, size_t len) {
     if (err == EINVAL) return Status::error(hostregErrorInvalidValue, what, err);
     return Status::error(hostregErrorMemoryAllocation, what + ": some pages could not be locked",
                          err);
+}
+
+}  // namespace
+
+Status lock_range(uintptr_t addr, size_t len, bool undo) {
+    if (lock_pages(addr, len) == 0) return Status::ok();
+    const int err = errno;
+    if (undo && range_vm_locked(addr, len)) unlock_pages(addr, len);  // marked, maybe partly locked: undo
+    return lock_failure(err, addr, len);
 }
 
 }  // namespace hostreg

@@ -18,9 +18,16 @@ int unlock_pages(uintptr_t addr, size_t len);
 // Does this process hold CAP_IPC_LOCK (bit 14 of CapEff in /proc/self/status)?
 bool has_cap_ipc_lock();
 
-// The Status for mlock of [first, first + len) failing with errno err, naming the cause:
-// 1 for memory that is not mapped or has no access (PROT_NONE), 2 for RLIMIT_MEMLOCK
-// (with the limit and the fix) or the kernel out of memory, 800 for EPERM.
-Status lock_failure(int err, uintptr_t first, size_t len);
+// Locks [addr, addr + len) (whole pages), or answers why not with nothing left locked. mlock
+// marks the mappings of the range VM_LOCKED before it faults pages in, and stops at the first
+// page it cannot fault (a PROT_NONE page, a shared mapping past the end of its file, memory
+// unmapped meanwhile), leaving the marks and the pages before it locked: when any mapping of
+// the range is marked after a failure, the whole range is unlocked. (Locks do not nest: a lock
+// the caller had on those pages itself goes with them, as it would on unregister.) Errors: 1 for
+// memory that is not mapped, has no access or lies past the end of its file; 2 for
+// RLIMIT_MEMLOCK (with the limit and the fix) or the kernel out of memory; 800 for EPERM.
+// undo false: leave the range as it is on failure (it is already locked for someone else, as
+// an edge page a neighbouring registration holds).
+Status lock_range(uintptr_t addr, size_t len, bool undo = true);
 
 }  // namespace hostreg

@@ -24,15 +24,7 @@ namespace hostreg {
 namespace {
 
 Status posix_register(void* ptr, size_t bytes, unsigned /*flags*/, Piece* piece) {
-    const auto lo = reinterpret_cast<uintptr_t>(ptr);
-    if (lock_pages(lo, bytes) != 0) {
-        const int err = errno;
-        // Linux locks the mapped pages before a hole, then answers ENOMEM: undo that (the
-        // registry checked the range was mapped, so a hole means it was unmapped meanwhile).
-        // Other failures (RLIMIT_MEMLOCK) lock nothing, and the caller's own locks stay.
-        if (!range_mapped(lo, bytes)) unlock_pages(lo, bytes);
-        return lock_failure(err, lo, bytes);
-    }
+    if (Status s = lock_range(reinterpret_cast<uintptr_t>(ptr), bytes); !s.is_ok()) return s;  // nothing left locked
     piece->device = ptr;  // the CPU is the device: its address is the host address
     return Status::ok();
 }
@@ -40,8 +32,7 @@ Status posix_register(void* ptr, size_t bytes, unsigned /*flags*/, Piece* piece)
 // Locked again when one more registration shares an edge page: mlock is idempotent, and the
 // page's holder may be stale (its memory unmapped while registered, which dropped the lock).
 Status posix_share(void* ptr, size_t bytes, const Piece& /*piece*/) {
-    const auto lo = reinterpret_cast<uintptr_t>(ptr);
-    return lock_pages(lo, bytes) == 0 ? Status::ok() : lock_failure(errno, lo, bytes);
+    return lock_range(reinterpret_cast<uintptr_t>(ptr), bytes, /*undo=*/false);  // a neighbour holds it
 }
 
 Status posix_unregister(void* ptr, size_t bytes, const Piece& /*piece*/) {

@@ -131,10 +131,7 @@ const Probe& ze_probe() { return ze().probe; }
 Status ze_register(void* ptr, size_t bytes, unsigned /*flags*/, Piece* piece) {
     Ze& z = ze();
     if (ze_result_t r = z.import(z.driver, ptr, bytes)) return failure("zexDriverImportExternalPointer", r);
-    const auto lo = reinterpret_cast<uintptr_t>(ptr);
-    if (lock_pages(lo, bytes) != 0) {
-        Status s = lock_failure(errno, lo, bytes);
-        if (!range_mapped(lo, bytes)) unlock_pages(lo, bytes);  // a partial lock before a hole
+    if (Status s = lock_range(reinterpret_cast<uintptr_t>(ptr), bytes); !s.is_ok()) {  // nothing left locked
         z.release(z.driver, ptr);
         return s;
     }
@@ -143,13 +140,19 @@ Status ze_register(void* ptr, size_t bytes, unsigned /*flags*/, Piece* piece) {
 }
 
 Status ze_share(void* ptr, size_t bytes, const Piece& /*piece*/) {  // see posix_share
-    const auto lo = reinterpret_cast<uintptr_t>(ptr);
-    return lock_pages(lo, bytes) == 0 ? Status::ok() : lock_failure(errno, lo, bytes);
+    return lock_range(reinterpret_cast<uintptr_t>(ptr), bytes, /*undo=*/false);  // a neighbour holds it
 }
 
 Status ze_unregister(void* ptr, size_t bytes, const Piece& /*piece*/) {
     Ze& z = ze();
-    if (ze_result_t r = z.release(z.driver, ptr)) return failure("zexDriverReleaseImportedPointer", r);
+    if (ze_result_t r = z.release(z.driver, ptr)) {
+        Status s = failure("zexDriverReleaseImportedPointer", r);
+        // hostreg releases only what it imported: INVALID_ARGUMENT ("unknown pointer",
+        // driver_handle.cpp) means the driver no longer holds it.
+        if (r == kResultErrorInvalidArgument) s.code = hostregErrorHostMemoryNotRegistered;
+        unlock_pages(reinterpret_cast<uintptr_t>(ptr), bytes);
+        return s;
+    }
     unlock_pages(reinterpret_cast<uintptr_t>(ptr), bytes);
     return Status::ok();
 }

@@ -6,6 +6,13 @@
 #include "core/copy.hpp"
 #include "core/registry.hpp"
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+
 using hostreg::record;
 using hostreg::Registration;
 using hostreg::Registry;
@@ -20,6 +27,13 @@ void fill(const Registration& r, hostregRegistration* out) {
     out->device_ptr = r.device_ptr;
     out->backend = r.backend->name;
 }
+
+// The C handle (an incomplete type for C callers) is the C++ staging buffer.
+hostreg::StagingBuffer* cxx(hostregStagingBuffer* b) { return reinterpret_cast<hostreg::StagingBuffer*>(b); }
+const hostreg::StagingBuffer* cxx(const hostregStagingBuffer* b) {
+    return reinterpret_cast<const hostreg::StagingBuffer*>(b);
+}
+hostregStagingBuffer* handle(hostreg::StagingBuffer* b) { return reinterpret_cast<hostregStagingBuffer*>(b); }
 
 int null_out(const char* what) {
     return record(Status::error(hostregErrorInvalidValue, std::string(what) + " is NULL"));
@@ -115,6 +129,19 @@ const char* hostregBackendName(void) {
 
 int hostregSharedMemoryCreate(size_t bytes, int* fd) { return record(hostreg::create_shared_memory(bytes, fd)); }
 
+int hostregSharedMemoryDirectory(const char** dir) {
+    static std::string text;  // one value per process (the environment is read once per call)
+    static std::mutex mu;
+    std::lock_guard<std::mutex> g(mu);
+    Status s = hostreg::shared_memory_dir(&text);
+    if (!s.is_ok()) {
+        const char* env = std::getenv("HOSTREG_SHM_DIR");
+        text = env ? env : "";
+    }
+    if (dir) *dir = text.c_str();
+    return record(s);
+}
+
 int hostregPrepareMemory(void* ptr, size_t bytes, int fd) { return record(hostreg::prepare_memory(ptr, bytes, fd)); }
 
 // The C handle is the C++ arena.
@@ -140,6 +167,39 @@ int hostregArenaUnregister(hostregArena* arena) {
 }
 
 size_t hostregArenaChunkCount(const hostregArena* arena) { return arena ? arena->chunks() : 0; }
+
+
+int hostregStagingBufferCreate(size_t bytes, int shared, int pin, unsigned int flags, size_t max_chunk_bytes,
+                               hostregStagingBuffer** out) {
+    if (out == nullptr) return null_out("out");
+    std::unique_ptr<hostreg::StagingBuffer> b;
+    Status s = hostreg::StagingBuffer::create(bytes, shared != 0, pin != 0, flags, max_chunk_bytes, &b);
+    *out = handle(b.release());
+    return record(s);
+}
+
+int hostregStagingBufferAttach(int fd, size_t bytes, hostregStagingBuffer** out) {
+    if (out == nullptr) {
+        if (fd >= 0) close(fd);  // taken over, whatever happens
+        return null_out("out");
+    }
+    std::unique_ptr<hostreg::StagingBuffer> b;
+    Status s = hostreg::StagingBuffer::attach(fd, bytes, &b);
+    *out = handle(b.release());
+    return record(s);
+}
+
+void* hostregStagingBufferData(const hostregStagingBuffer* b) { return b ? cxx(b)->data() : nullptr; }
+size_t hostregStagingBufferSize(const hostregStagingBuffer* b) { return b ? cxx(b)->size() : 0; }
+int hostregStagingBufferFd(const hostregStagingBuffer* b) { return b ? cxx(b)->fd() : -1; }
+size_t hostregStagingBufferChunks(const hostregStagingBuffer* b) { return b ? cxx(b)->chunks() : 0; }
+
+int hostregStagingBufferUnregister(hostregStagingBuffer* b) {
+    if (b == nullptr) return null_out("buffer");
+    return record(cxx(b)->unregister());
+}
+
+void hostregStagingBufferDestroy(hostregStagingBuffer* b) { delete cxx(b); }
 
 int hostregCopyBatch(void* const* dst, const void* const* src, const size_t* bytes, size_t n, unsigned int threads) {
     if (n > 0 && (!dst || !src || !bytes)) return null_out("dst, src or bytes");

@@ -3,6 +3,8 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 
 #include "core/backend.hpp"
 #include "core/memory_map.hpp"
+#include "core/parallel.hpp"
 #include "core/registry.hpp"
 
 #ifndef MADV_POPULATE_WRITE
@@ -66,18 +69,46 @@ Status shortage(int fd, size_t bytes, int err) {
 
 }  // namespace
 
+Status shared_memory_dir(std::string* dir) {
+    const char* env = std::getenv("HOSTREG_SHM_DIR");
+    if (!env || !*env) {
+        *dir = "/dev/shm";
+        return Status::ok();
+    }
+    const std::string d = env;
+    auto bad = [&](const std::string& why) {
+        return Status::error(hostregErrorInvalidValue, "HOSTREG_SHM_DIR=" + d + " " + why +
+                                                           " (it must name an existing tmpfs directory, e.g. /dev/shm)");
+    };
+    if (d[0] != '/') return bad("is not an absolute path");
+    struct stat st {};
+    if (stat(d.c_str(), &st) != 0) return bad(errno == ENOENT ? "does not exist" : std::string("cannot be read: ") + std::strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return bad("is not a directory");
+    struct statfs fs {};
+    if (statfs(d.c_str(), &fs) != 0) return bad(std::string("cannot be read: ") + std::strerror(errno));
+    // Staging memory must be memory: a disk directory would page the arena to disk.
+    constexpr long kTmpfs = 0x01021994, kRamfs = static_cast<long>(0x858458f6), kHugetlbfs = static_cast<long>(0x958458f6);
+    if (fs.f_type != kTmpfs && fs.f_type != kRamfs && fs.f_type != kHugetlbfs)
+        return bad("is not a tmpfs (a disk directory would put staging memory on disk)");
+    *dir = d;
+    return Status::ok();
+}
+
 Status create_shared_memory(size_t bytes, int* fd_out) {
     if (fd_out == nullptr || bytes == 0) return Status::error(hostregErrorInvalidValue, "0 bytes or NULL fd");
-    const char* env = std::getenv("HOSTREG_SHM_DIR");
-    const std::string dir = env && *env ? env : "/dev/shm";
+    std::string dir;
+    if (Status s = shared_memory_dir(&dir); !s.is_ok()) return s;
     // An unnamed file: nothing to guess, nothing to clean up; gone with its last descriptor.
     int fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
         const int err = errno;
-        if (err != EOPNOTSUPP && err != EISDIR && err != ENOENT)
+        const bool chosen = std::getenv("HOSTREG_SHM_DIR") && *std::getenv("HOSTREG_SHM_DIR");
+        if (chosen || (err != EOPNOTSUPP && err != EISDIR && err != ENOENT))
             return Status::error(hostregErrorMemoryAllocation,
-                                 "cannot create staging memory in " + dir + ": " + std::strerror(err), err);
-        fd = static_cast<int>(syscall(SYS_memfd_create, "hostreg-arena", MFD_CLOEXEC));  // no usable dir
+                                 "cannot create staging memory in " + dir + (chosen ? " (HOSTREG_SHM_DIR)" : "") + ": " +
+                                     std::strerror(err),
+                                 err);
+        fd = static_cast<int>(syscall(SYS_memfd_create, "hostreg-arena", MFD_CLOEXEC));  // no /dev/shm
         if (fd < 0)
             return Status::error(hostregErrorMemoryAllocation,
                                  std::string("memfd_create failed: ") + std::strerror(errno), errno);
@@ -102,23 +133,18 @@ Status prepare_memory(void* ptr, size_t bytes, int fd) {
     if (!range_mapped(lo, bytes))  // checked here so that EINVAL below can only mean an old kernel
         return Status::error(hostregErrorInvalidValue, "range is not (fully) mapped memory", ENOMEM);
     // Populated by several threads at once: the kernel zeroes new pages, and that scales with
-    // cores (perf-notes.md: in-kernel population is several times faster than user faults).
+    // cores (in-kernel population is several times faster than user faults; docs/staging.md).
     const uintptr_t page = page_size();
     const uintptr_t first = reinterpret_cast<uintptr_t>(ptr) & ~(page - 1);
     const size_t len = reinterpret_cast<uintptr_t>(ptr) + bytes - first;
     const size_t threads =
         std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(), len / kMinPopulateBytes));
-    const size_t share = (len / threads + page - 1) / page * page;
     std::vector<int> errs(threads, 0);
-    auto populate = [&](size_t t) {
-        const size_t off = t * share;
-        if (off < len && madvise(reinterpret_cast<void*>(first + off), std::min(share, len - off), MADV_POPULATE_WRITE) != 0)
+    run_parts(threads, [&](size_t t) {
+        const Span s = part_of(len, threads, page, t);
+        if (s.end > s.begin && madvise(reinterpret_cast<void*>(first + s.begin), s.end - s.begin, MADV_POPULATE_WRITE) != 0)
             errs[t] = errno;
-    };
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < threads; ++t) pool.emplace_back(populate, t);
-    populate(0);
-    for (auto& th : pool) th.join();
+    });
     for (int err : errs) {
         if (err == 0 || err == EINVAL) continue;  // EINVAL: kernel before 5.14, pages fault in later
         if (fd >= 0) {
@@ -133,13 +159,30 @@ Status prepare_memory(void* ptr, size_t bytes, int fd) {
     return Status::ok();
 }
 
+Status max_registration_override(size_t* bytes) {
+    const char* env = std::getenv("HOSTREG_MAX_REGISTRATION");
+    *bytes = SIZE_MAX;
+    if (!env || !*env) return Status::ok();
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(env, &end, 10);
+    if (errno || *end || v == 0 || env[0] == '-')
+        return Status::error(hostregErrorInvalidValue,
+                             std::string("HOSTREG_MAX_REGISTRATION=") + env + " is not a positive number of bytes");
+    *bytes = static_cast<size_t>(v);
+    return Status::ok();
+}
+
 Status Arena::register_range(void* ptr, size_t bytes, unsigned flags, size_t max_chunk) {
     Status why;
     const Backend* be = active_backend(&why);
     if (be == nullptr) return why;
     const Capabilities& caps = be->probe().caps;
+    size_t user_cap = SIZE_MAX;
+    if (Status s = max_registration_override(&user_cap); !s.is_ok()) return s;
     const uintptr_t page = std::max(page_size(), caps.granule);  // chunks of whole pages and granules
-    size_t chunk = max_chunk ? std::min(max_chunk, caps.max_registration) : caps.max_registration;
+    size_t chunk = std::min(caps.max_registration, user_cap);
+    if (max_chunk) chunk = std::min(chunk, max_chunk);
     chunk = std::max<size_t>(page, chunk / page * page);
     if (ptr == nullptr || bytes == 0) return Status::error(hostregErrorInvalidValue, "empty or NULL range");
     if (reinterpret_cast<uintptr_t>(ptr) + bytes < reinterpret_cast<uintptr_t>(ptr))
@@ -170,6 +213,60 @@ Status Arena::unregister_all() {
     }
     bases_.clear();
     return first;
+}
+
+Status StagingBuffer::create(size_t bytes, bool shared, bool pin, unsigned flags, size_t max_chunk,
+                             std::unique_ptr<StagingBuffer>* out) {
+    out->reset();
+    if (bytes == 0) return Status::error(hostregErrorInvalidValue, "staging buffer of 0 bytes");
+    std::unique_ptr<StagingBuffer> b(new StagingBuffer());  // from here on, every part is b's
+    if (shared) {
+        if (Status s = create_shared_memory(bytes, &b->fd_); !s.is_ok()) return s;
+    }
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, shared ? MAP_SHARED : (MAP_PRIVATE | MAP_ANONYMOUS),
+                   shared ? b->fd_ : -1, 0);
+    if (p == MAP_FAILED) {
+        const int err = errno;
+        return Status::error(hostregErrorMemoryAllocation,
+                             "cannot map " + with_commas(bytes) + " bytes of staging memory: " + std::strerror(err) +
+                                 (err == ENOMEM ? " (an address-space limit? see ulimit -v)" : ""),
+                             err);
+    }
+    b->map_ = p;
+    b->bytes_ = bytes;
+    if (Status s = prepare_memory(p, bytes, b->fd_); !s.is_ok()) return s;
+    if (pin) {
+        if (Status s = b->arena_.register_range(p, bytes, flags, max_chunk); !s.is_ok()) return s;
+    }
+    *out = std::move(b);
+    return Status::ok();
+}
+
+Status StagingBuffer::attach(int fd, size_t bytes, std::unique_ptr<StagingBuffer>* out) {
+    out->reset();
+    std::unique_ptr<StagingBuffer> b(new StagingBuffer());
+    b->fd_ = fd;  // owned from here: closed by b, whatever happens
+    struct stat st {};
+    if (fd < 0 || fstat(fd, &st) != 0) return Status::error(hostregErrorInvalidValue, "not a descriptor", errno);
+    if (bytes == 0 || static_cast<unsigned long long>(st.st_size) < bytes)
+        return Status::error(hostregErrorInvalidValue, "the staging file holds " + with_commas(st.st_size) +
+                                                           " bytes, not the " + with_commas(bytes) + " expected");
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        const int err = errno;
+        return Status::error(hostregErrorMemoryAllocation,
+                             "cannot map " + with_commas(bytes) + " bytes of staging memory: " + std::strerror(err), err);
+    }
+    b->map_ = p;
+    b->bytes_ = bytes;
+    *out = std::move(b);
+    return Status::ok();
+}
+
+StagingBuffer::~StagingBuffer() {
+    arena_.unregister_all();
+    if (map_) munmap(map_, bytes_);
+    if (fd_ >= 0) close(fd_);
 }
 
 }  // namespace hostreg

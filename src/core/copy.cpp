@@ -3,10 +3,11 @@
 // ones are grouped.
 #include "core/copy.hpp"
 
+#include "core/parallel.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <thread>
-#include <vector>
 
 namespace hostreg {
 namespace {
@@ -37,12 +38,10 @@ void copy_batch(void* const* dst, const void* const* src, const size_t* bytes, s
     if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
     threads = static_cast<unsigned>(std::min<size_t>(threads, std::max<size_t>(1, total / kMinBytesPerThread)));
     if (threads <= 1) return copy_span(dst, src, bytes, n, 0, total);
-    const size_t share = (total + threads - 1) / threads;
-    std::vector<std::thread> pool;
-    for (unsigned t = 1; t < threads; ++t)
-        pool.emplace_back(copy_span, dst, src, bytes, n, t * share, std::min(total, (t + 1) * share));
-    copy_span(dst, src, bytes, n, 0, std::min(total, share));
-    for (auto& th : pool) th.join();
+    run_parts(threads, [&](size_t t) {  // a refused thread's share is copied here instead
+        const Span s = part_of(total, threads, 1, t);
+        copy_span(dst, src, bytes, n, s.begin, s.end);
+    });
 }
 
 }  // namespace hostreg

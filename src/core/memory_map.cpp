@@ -2,10 +2,12 @@
 #include "core/memory_map.hpp"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 namespace hostreg {
@@ -25,19 +27,68 @@ bool range_mapped(uintptr_t lo, size_t bytes) {
     return true;
 }
 
-bool range_has_no_access_pages(uintptr_t lo, size_t bytes) {
+namespace {
+
+// One line of /proc/self/maps.
+struct Vma {
+    unsigned long start = 0, end = 0, offset = 0, inode = 0;
+    char perms[8] = {};
+};
+
+// Calls visit(vma) for every mapping that intersects [lo, lo + bytes) until it returns true;
+// answers whether one did.
+template <class F>
+bool any_vma(uintptr_t lo, size_t bytes, F visit) {
     FILE* f = std::fopen("/proc/self/maps", "re");
     if (!f) return false;
-    unsigned long start = 0, end = 0;
-    char perms[8] = {};
     char line[512];
     bool found = false;
     while (!found && std::fgets(line, sizeof line, f)) {
-        if (std::sscanf(line, "%lx-%lx %7s", &start, &end, perms) == 3 && start < lo + bytes && end > lo)
-            found = perms[0] == '-' && perms[1] == '-' && perms[2] == '-';
+        Vma v;
+        unsigned dev_major = 0, dev_minor = 0;
+        if (std::sscanf(line, "%lx-%lx %7s %lx %x:%x %lu", &v.start, &v.end, v.perms, &v.offset, &dev_major, &dev_minor,
+                        &v.inode) == 7 &&
+            v.start < lo + bytes && v.end > lo)
+            found = visit(v);
     }
     std::fclose(f);
     return found;
+}
+
+}  // namespace
+
+bool range_past_file_end(uintptr_t lo, size_t bytes) {
+    return any_vma(lo, bytes, [&](const Vma& v) {
+        if (v.inode == 0) return false;
+        // The mapped file itself, also when it has no name (memfd, O_TMPFILE, deleted).
+        char path[64];
+        std::snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", v.start, v.end);
+        struct stat st {};
+        if (stat(path, &st) != 0) return false;
+        const unsigned long last = std::min<unsigned long>(v.end, lo + bytes);  // end of the range in this VMA
+        return v.offset + (last - v.start) > static_cast<unsigned long>(st.st_size) + page_size() - 1;
+    });
+}
+
+bool range_vm_locked(uintptr_t lo, size_t bytes) {
+    FILE* f = std::fopen("/proc/self/smaps", "re");
+    if (!f) return false;
+    char line[1024];
+    bool inside = false, any = false;
+    while (std::fgets(line, sizeof line, f)) {
+        unsigned long start = 0, end = 0;
+        if (std::sscanf(line, "%lx-%lx ", &start, &end) == 2) {  // a VMA's first line
+            inside = start < lo + bytes && end > lo;
+        } else if (inside && std::strncmp(line, "VmFlags:", 8) == 0) {
+            any = any || std::strstr(line, " lo") != nullptr;
+        }
+    }
+    std::fclose(f);
+    return any;
+}
+
+bool range_has_no_access_pages(uintptr_t lo, size_t bytes) {
+    return any_vma(lo, bytes, [](const Vma& v) { return v.perms[0] == '-' && v.perms[1] == '-' && v.perms[2] == '-'; });
 }
 
 }  // namespace hostreg

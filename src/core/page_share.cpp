@@ -35,10 +35,14 @@ Layout layout(uintptr_t lo, size_t bytes, size_t g) {
 
 }  // namespace
 
+// The lock is held across the runtime's call, so that no other registration can see a granule
+// half registered or half released (edge calls are one granule each).
 Status PageShare::hold_edge(const Backend& be, uintptr_t at, size_t g, unsigned flags, Piece* piece) {
     std::lock_guard<std::mutex> lock(mu_);
     auto [it, fresh] = edges_.try_emplace(at);
     Edge& e = it->second;
+    // An edge with no holder is one the runtime refused to unregister: still registered there,
+    // so it is taken over, not registered again.
     Status s = fresh ? be.host_register(reinterpret_cast<void*>(at), g, flags, &e.piece)
                      : (be.share ? be.share(reinterpret_cast<void*>(at), g, e.piece) : Status::ok());
     if (!s.is_ok()) {
@@ -53,9 +57,11 @@ Status PageShare::hold_edge(const Backend& be, uintptr_t at, size_t g, unsigned 
 Status PageShare::drop_edge(const Backend& be, uintptr_t at, size_t g) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = edges_.find(at);
-    if (it == edges_.end() || --it->second.holders > 0) return Status::ok();
+    if (it == edges_.end() || it->second.holders == 0 || --it->second.holders > 0) return Status::ok();
     Status s = be.host_unregister(reinterpret_cast<void*>(at), g, it->second.piece);
-    edges_.erase(it);
+    // Gone from the runtime (or it no longer knew it: 713): forget it. Refused otherwise: keep
+    // it, holder-less, for the next registration that touches this granule to take over.
+    if (s.is_ok() || s.code == hostregErrorHostMemoryNotRegistered) edges_.erase(it);
     return s;
 }
 
@@ -114,14 +120,17 @@ Status PageShare::release(const Backend& be, uintptr_t lo, size_t bytes, size_t 
                           bool* released) {
     const Layout l = layout(lo, bytes, g);
     *released = false;
+    Status mid;
     if (l.mid_hi > l.mid_lo) {
-        Status s = be.host_unregister(reinterpret_cast<void*>(l.mid_lo), l.mid_hi - l.mid_lo, middle);
-        if (!s.is_ok()) return s;
+        mid = be.host_unregister(reinterpret_cast<void*>(l.mid_lo), l.mid_hi - l.mid_lo, middle);
+        // 713: the runtime no longer holds the middle (the registry forgets the registration
+        // then), so the edges go too; any other failure leaves everything as it was.
+        if (!mid.is_ok() && mid.code != hostregErrorHostMemoryNotRegistered) return mid;
     }
     *released = true;
     Status head = l.head ? drop_edge(be, l.head_at, g) : Status::ok();
     Status tail = l.tail ? drop_edge(be, l.tail_at, g) : Status::ok();
-    return head.is_ok() ? tail : head;
+    return !mid.is_ok() ? mid : !head.is_ok() ? head : tail;
 }
 
 }  // namespace hostreg

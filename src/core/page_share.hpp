@@ -34,8 +34,10 @@ public:
 
     // Undoes a successful acquire with the same arguments. If the runtime refuses to undo the
     // middle piece, nothing changes, *released is false and its status is returned (the
-    // caller may retry); otherwise *released is true, and a refused edge is forgotten all the
-    // same (its status returned).
+    // caller may retry). Otherwise *released is true and the edges are dropped; a middle the
+    // runtime no longer knew (713) counts as released. An edge the runtime refuses to
+    // unregister is kept, with no holder, for the next registration of that granule to take
+    // over; its status is returned.
     Status release(const Backend& be, uintptr_t lo, size_t bytes, size_t granule, const Piece& middle,
                    bool* released);
 

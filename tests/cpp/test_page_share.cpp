@@ -26,6 +26,9 @@ struct Fake {
     std::vector<std::pair<uintptr_t, size_t>> registered, unregistered, shared;
     std::set<uintptr_t> live;
     uintptr_t fail_at = 0;            // host_register of this address fails
+    uintptr_t gone_at = 0;            // host_unregister of this address answers 713 (runtime lost it)
+    uintptr_t refuse_at = 0;          // host_unregister of this address fails (2), keeping it
+    bool no_device = false;           // pieces get no device address
     bool scatter = false;             // give each piece a device address of its own
     uintptr_t next_device = 0x7000000000;
 };
@@ -38,13 +41,16 @@ Status reg(void* p, size_t n, unsigned, Piece* piece) {
     if (a == fake->fail_at) return Status::error(2, "fake failure");
     EXPECT_TRUE(fake->live.insert(a).second) << "registered twice: " << a;
     fake->registered.emplace_back(a, n);
-    piece->device = reinterpret_cast<void*>(fake->scatter ? (fake->next_device += 0x100000) : a + 0x100000000);
+    piece->device = fake->no_device ? nullptr
+                                    : reinterpret_cast<void*>(fake->scatter ? (fake->next_device += 0x100000) : a + 0x100000000);
     return Status::ok();
 }
 Status unreg(void* p, size_t n, const Piece&) {
     const auto a = reinterpret_cast<uintptr_t>(p);
+    if (a == fake->refuse_at) return Status::error(2, "fake refusal");
     EXPECT_EQ(fake->live.erase(a), 1u) << "unregistered what is not registered: " << a;
     fake->unregistered.emplace_back(a, n);
+    if (a == fake->gone_at) return Status::error(713, "fake: not registered");
     return Status::ok();
 }
 Status share(void* p, size_t n, const Piece&) {
@@ -72,6 +78,7 @@ protected:
         return s;
     }
     using Calls = std::vector<std::pair<uintptr_t, size_t>>;
+    bool released_ = false;
     Fake f_;
     PageShare ps_;
 };
@@ -156,6 +163,50 @@ TEST_F(PageShareTest, PiecesMappedApartHaveNoSingleDeviceAddress) {
     ASSERT_TRUE(acquire(B, 2 * G, &mid, &dev).is_ok());  // one piece: its own address
     EXPECT_NE(dev, nullptr);
     ASSERT_TRUE(release(B, 2 * G, mid).is_ok());
+}
+
+TEST_F(PageShareTest, AFailedFreshEdgeIsForgotten) {
+    Piece mid;
+    void* dev = nullptr;
+    f_.fail_at = B;
+    EXPECT_EQ(acquire(B + 10, 20, &mid, &dev).code, 2);
+    f_.fail_at = 0;
+    ASSERT_TRUE(acquire(B + 40, 20, &mid, &dev).is_ok());
+    EXPECT_EQ(f_.registered, (Calls{{B, G}})) << "its next holder registers it";
+    EXPECT_TRUE(f_.shared.empty());
+    ASSERT_TRUE(release(B + 40, 20, mid).is_ok());
+}
+
+TEST_F(PageShareTest, AMiddleTheRuntimeNoLongerKnowsReleasesTheEdges) {
+    Piece mid;
+    void* dev = nullptr;
+    ASSERT_TRUE(acquire(B + 100, 3 * G, &mid, &dev).is_ok());
+    f_.gone_at = B + G;
+    bool released = false;
+    EXPECT_EQ(ps_.release(kFake, B + 100, 3 * G, G, mid, &released).code, 713);
+    EXPECT_TRUE(released);
+    EXPECT_TRUE(f_.live.empty()) << "the edges must go with it";
+}
+
+TEST_F(PageShareTest, AnEdgeTheRuntimeRefusesToReleaseIsTakenOverNotRegisteredAgain) {
+    Piece mid;
+    void* dev = nullptr;
+    ASSERT_TRUE(acquire(B + 10, 20, &mid, &dev).is_ok());
+    f_.refuse_at = B;
+    EXPECT_EQ(ps_.release(kFake, B + 10, 20, G, mid, &released_).code, 2);
+    f_.refuse_at = 0;
+    ASSERT_TRUE(acquire(B + 100, 20, &mid, &dev).is_ok());
+    EXPECT_EQ(f_.registered, (Calls{{B, G}})) << "still registered with the runtime: taken over";
+    ASSERT_TRUE(release(B + 100, 20, mid).is_ok());
+}
+
+TEST_F(PageShareTest, AnEdgeWithoutADeviceAddressGivesNone) {
+    f_.no_device = true;
+    Piece mid;
+    void* dev = reinterpret_cast<void*>(1);
+    ASSERT_TRUE(acquire(B + 10, 20, &mid, &dev).is_ok());
+    EXPECT_EQ(dev, nullptr);
+    ASSERT_TRUE(release(B + 10, 20, mid).is_ok());
 }
 
 }  // namespace

@@ -39,6 +39,8 @@
 //   HOSTREG_DOUBLE_ACL_PIN_REGISTER  1: the driver supports pin-register
 //                                    (FEATURE_SVM_MEM_REGISTER_HOST_PINNED); default: it does
 //                                    not, so a PINNED-only request locks nothing
+// Registrations that reach the driver are for the calling thread's device
+// (CurrentContext()->Device_()); unregistering from another device answers 507911.
 // Other rules: aclInit twice -> 100002; aclrtSetDevice before aclInit -> 100001, a bad id ->
 // 107001 (ACL_ERROR_RT_INVALID_DEVICEID); aclrtGetDevice without a context -> 107002; every
 // failure sets the calling thread's aclGetRecentErrMsg text (NULL before any failure).
@@ -148,6 +150,7 @@ aclError driver_register(uintptr_t base, uint64_t size, uint32_t flag, const cha
     reg.bytes = size;
     reg.flags = flag;
     reg.device = (flag & ACL_HOST_REG_MAPPED) ? base + kDeviceOffset : 0;
+    reg.owner = static_cast<uintptr_t>(t_device) + 1;  // the driver registers for this device
     reg.kind = kind;
     int error = 0;
     switch (registry().add(reg, &error)) {
@@ -309,9 +312,11 @@ HRD_EXPORT aclError aclrtHostUnregister(void* ptr) {
     if (!ptr) return fail(ACL_ERROR_INVALID_PARAM, __func__, "ptr is NULL");
     if (!has_context()) return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
     const uintptr_t base = reinterpret_cast<uintptr_t>(ptr);
-    // api_impl.cc, ApiImpl::HostUnregister: the driver's registration and the runtime's
-    // PINNED record, each by exact base.
-    const bool mapped = registry().remove(base) == Registry::Result::Ok;
+    // api_impl.cc, ApiImpl::HostUnregister: the driver's registration (for this thread's
+    // device: halHostUnregisterEx(ptr, deviceId)) and the runtime's PINNED record (the
+    // process's), each by exact base.
+    const uintptr_t device = static_cast<uintptr_t>(t_device) + 1;
+    const bool mapped = registry().remove(base, &device) == Registry::Result::Ok;
     bool pinned = false;
     {
         std::lock_guard<std::mutex> lock(g_mu);

@@ -26,7 +26,7 @@
 //     cuCtxSetCurrent/cuCtxPushCurrent_v2 accept only an active primary context (else
 //     CUDA_ERROR_INVALID_CONTEXT, 201); cuCtxSetCurrent(NULL) pops the top (cuda.h);
 //     cuCtxPopCurrent_v2 on an empty stack and cuDevicePrimaryCtxRelease_v2 beyond the
-//     retains -> 201.
+//     retains -> 201. The last release resets the context: its registrations are gone.
 //   - Memory calls (cuMemHost*) need a current context that is still active, else 201.
 //   - cuMemHostRegister_v2: NULL or 0 bytes -> 1; flag bits outside 0xF (PORTABLE 0x1,
 //     DEVICEMAP 0x2, IOMEMORY 0x4, READ_ONLY 0x8) -> 1; range wrapping past the end of
@@ -242,7 +242,10 @@ HRD_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
     if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
     std::lock_guard<std::mutex> lock(g_mu);
     if (g_retains[device] == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    --g_retains[device];
+    // Released as often as retained: "the context is automatically reset once the last
+    // reference to it is released" (cuda.h, cuDevicePrimaryCtxRelease), and its registrations
+    // go with it.
+    if (--g_retains[device] == 0) registry().remove_owned(reinterpret_cast<uintptr_t>(&g_primary[device]));
     return CUDA_SUCCESS;
 }
 

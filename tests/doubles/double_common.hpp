@@ -207,6 +207,23 @@ public:
         return Result::Ok;
     }
 
+    // Forgets every registration made by owner (and unlocks their pages no other covers).
+    long remove_owned(uintptr_t owner) {
+        std::lock_guard<std::mutex> lock(mu_);
+        long n = 0;
+        for (auto it = regs_.begin(); it != regs_.end();) {
+            if (it->second.owner != owner) {
+                ++it;
+                continue;
+            }
+            const Registration reg = it->second;
+            it = regs_.erase(it);
+            if (reg.locked) unlock_unheld(reg.base, reg.bytes);
+            ++n;
+        }
+        return n;
+    }
+
     // The live registration containing address p (any byte of it; the one with the highest
     // base below p when several overlap).
     bool find(uintptr_t p, Registration* out) const {

@@ -20,6 +20,8 @@ static_assert(sizeof(CUresult) == sizeof(::CUresult) && sizeof(CUdevice) == size
 static_assert(sizeof(CUdeviceptr) == sizeof(::CUdeviceptr));
 static_assert(kCudaSuccess == ::CUDA_SUCCESS);
 static_assert(kCudaErrorStubLibrary == ::CUDA_ERROR_STUB_LIBRARY);
+static_assert(kCudaErrorInvalidContext == ::CUDA_ERROR_INVALID_CONTEXT);
+static_assert(kCudaErrorContextIsDestroyed == ::CUDA_ERROR_CONTEXT_IS_DESTROYED);
 static_assert(kMemHostRegisterPortable == CU_MEMHOSTREGISTER_PORTABLE);
 static_assert(kMemHostRegisterDeviceMap == CU_MEMHOSTREGISTER_DEVICEMAP);
 static_assert(kMemHostRegisterIoMemory == CU_MEMHOSTREGISTER_IOMEMORY);
