@@ -6,8 +6,8 @@ structure only copy into it. Memory locked and shared-memory objects stay consta
 saves, unlike PyTorch #170163's growth.
 
 A save never overwrites staging memory that an earlier save's writer is still reading
-(Megatron-LM PR #2288): each ``stage()`` returns a new top-level dict, and a buffer counts
-as busy while that dict is alive. DCP's writer (thread- or process-based) holds it until its
+(Megatron-LM PR #2288): each ``stage()`` returns a new dict of new tensor objects over the
+buffer's memory, and a buffer counts as busy while any of them is alive. DCP's writer (thread- or process-based) holds it until its
 upload finishes, so waiting for the previous save's future frees the buffer. When every
 buffer of the right structure is busy, ``stage()`` waits briefly, then uses another buffer
 (at most ``max_buffers``), then waits up to ``wait_timeout_s`` and raises.
@@ -22,8 +22,15 @@ import time
 import weakref
 from typing import Any
 
+import torch
+
 from ._errors import StagingError
-from ._staging import StagedDict, StagedStateDict, _CopyPlan, _rebuild, _tensors, signature, stage_layout
+from ._staging import StagedStateDict, _CopyPlan, _rebuild, _tensors, signature, stage_layout
+
+
+def _same_storage(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor object viewing exactly what ``t`` views."""
+    return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
 
 
 class _Buffer:
@@ -31,22 +38,23 @@ class _Buffer:
         self.sig = sig
         self.staged = staged
         self.plan = _CopyPlan(staged.tensors)
-        self._issued: weakref.ref[StagedDict] | None = None
+        self._issued: list[weakref.ref[torch.Tensor]] = []
 
     def busy(self) -> bool:
-        return self._issued is not None and self._issued() is not None
+        return any(r() is not None for r in self._issued)
 
     def moved(self) -> bool:
         """torch moved the storage elsewhere (pickled under the file_system sharing strategy):
         the arena's registration is stale and this buffer must not be used again."""
         return not self.plan.still_valid()
 
-    def issue(self, source: dict) -> StagedDict:
-        """A new top-level container over this buffer's tensors, non-tensors copied from source."""
-        tensors = iter(self.staged.tensors)
-        out = StagedDict(_rebuild(source, lambda t: next(tensors), copy.deepcopy))
-        self._issued = weakref.ref(out)
-        return out
+    def issue(self, source: dict) -> dict:
+        """A new state dict over this buffer's memory (new tensor objects on its storages, so
+        that they say when the last of them is gone), non-tensors copied from source."""
+        fresh = [_same_storage(t) for t in self.staged.tensors]
+        self._issued = [weakref.ref(t) for t in fresh]
+        tensors = iter(fresh)
+        return _rebuild(source, lambda t: next(tensors), copy.deepcopy)
 
     def close(self) -> None:
         self.staged.arena.close()
@@ -94,7 +102,7 @@ class Stager:
     def should_synchronize_after_execute(self) -> bool:
         return self._synchronize_after_execute
 
-    def stage(self, state_dict: dict[str, Any]) -> StagedDict:
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """Copy ``state_dict`` into staging memory and return the staged copy."""
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict, not {type(state_dict).__name__}")

@@ -11,7 +11,9 @@ Layout: tensors are placed in traversal order, each at an offset aligned to
 :data:`ALIGNMENT` bytes (256: any dtype's element size divides it, a cache line and AVX-512
 vector fit, and it is the alignment CUDA's allocator gives device buffers, so copy engines
 see no misaligned starts). 0-d tensors are placed too (PyTorch's path leaves them unpinned);
-empty tensors take no bytes.
+empty tensors take no bytes. Each staged tensor has a storage of its own holding exactly its
+bytes, inside the arena (``hostreg/_sharing.py``): ``torch.save`` writes it as it is, and
+DCP's writers do not clone it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _core, _hostreg
+from . import _core, _hostreg, _sharing
 from ._core import HostRegisterFlags
 from ._errors import StagingError
 
@@ -39,20 +41,23 @@ def _raise_last(what: str) -> None:
 
 
 class Arena:
-    """One torch ``UntypedStorage`` of ``nbytes`` bytes, prepared and (optionally) registered.
+    """The staging memory of one state dict: ``nbytes`` bytes, every page allocated, and
+    (optionally) registered once. Its tensors come from :meth:`view`.
 
-    - ``share=True``: torch shared memory (``UntypedStorage._new_shared``), so views pass
-      through ``torch.multiprocessing`` without a copy; else ordinary CPU memory.
-    - Before anything is handed out, every page is allocated (an unnamed ``/dev/shm`` file,
-      ``hostregSharedMemoryCreate``, populated by ``hostregPrepareMemory``): a full
-      ``/dev/shm`` or memory limit raises :class:`StagingError` naming ``/dev/shm``, its size
-      and the bytes needed, never a SIGBUS later.
-    - ``pin=True``: registered through the active backend (``hostregArenaRegister``, split
-      into chunks of at most ``max_chunk_bytes``, 0 = the backend's cap) with ``flags``.
-      A failure (e.g. ``RLIMIT_MEMLOCK``) raises :class:`StagingError` with hostreg's reason.
+    - ``share=True``: an unnamed ``/dev/shm`` file (``$HOSTREG_SHM_DIR``), mapped shared, so
+      the tensors reach another process without a copy (``torch.multiprocessing`` passes the
+      file once per message, see ``hostreg/_sharing.py``); else private anonymous memory.
+    - Every page is allocated up front, in the kernel (``hostregPrepareMemory``): a full
+      ``/dev/shm`` or a memory limit raises :class:`StagingError` naming it, its size and the
+      bytes needed, never a SIGBUS later.
+    - ``pin=True``: registered through the active backend (in chunks of at most
+      ``max_chunk_bytes``, 0 = the backend's cap) with ``flags``. A failure (e.g.
+      ``RLIMIT_MEMLOCK``) raises :class:`StagingError` with hostreg's reason.
 
-    On any failure nothing stays allocated, locked or registered. The registration is undone
-    by :meth:`close`, or when the storage and every view into it are gone.
+    All of it is one ``_hostreg.StagingBuffer``, made whole or not at all: an exception at any
+    point, a ``KeyboardInterrupt`` included, leaves nothing allocated, locked or registered.
+    The registration is undone by :meth:`close`, or when this object and every tensor of it are
+    gone (each tensor holds the buffer).
     """
 
     def __init__(
@@ -67,56 +72,27 @@ class Arena:
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         self.nbytes = nbytes
-        size = max(nbytes, 1)
-        fd = -1
-        if share:
-            # An unnamed /dev/shm file (hostregSharedMemoryCreate); torch maps its own
-            # duplicate of the descriptor.
-            code, fd = _hostreg.shared_memory_create(size)
-            if code != 0:
-                _raise_last(f"cannot stage {nbytes:,} bytes")
-            try:
-                self.storage = torch.UntypedStorage._new_shared_fd_cpu(fd, size)
-            except BaseException:
-                os.close(fd)
-                raise
-        else:
-            # The CPU allocator aligns to 64 bytes: take ALIGNMENT more and start aligned.
-            self.storage = torch.UntypedStorage(size + ALIGNMENT)
-        self._start = -self.storage.data_ptr() % ALIGNMENT if not share else 0
-        ptr, size = self.storage.data_ptr(), size + self._start  # the whole storage from its first byte
-        # Every page allocated now, in the kernel and in parallel: a full /dev/shm raises
-        # here, never as a SIGBUS at a later write (registering then only locks).
-        code = _hostreg.prepare_memory(ptr, size, fd)
-        if fd >= 0:
-            os.close(fd)
+        code, buf = _hostreg.staging_buffer_create(max(nbytes, 1), share, pin, int(flags), max_chunk_bytes)
         if code != 0:
-            self.storage = None
-            _raise_last(f"cannot stage {nbytes:,} bytes")
-        self.chunks = 0
-        self._finalizer: weakref.finalize | None = None
-        if pin:
-            code, handle, self.chunks = _hostreg.arena_register(ptr, size, int(flags), max_chunk_bytes)
-            if code != 0:
-                self.storage = None
-                _raise_last(f"cannot register {nbytes:,} bytes of staging memory")
-            # Runs once: at close(), or when the last view of the storage is gone.
-            self._finalizer = weakref.finalize(self.storage, _hostreg.arena_unregister, handle)
+            _raise_last(f"cannot {'register' if code in (712, 801) else 'stage'} {nbytes:,} bytes of staging memory")
+        self.buffer = buf
+        self.chunks = buf.chunks
+        _sharing.track(buf)
 
     @property
     def data_ptr(self) -> int:
-        """Address of the arena's first byte (a multiple of :data:`ALIGNMENT`)."""
-        return self.storage.data_ptr() + self._start
+        """Address of the arena's first byte (page-aligned)."""
+        return self.buffer.data_ptr
 
     def view(self, offset: int, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-        """A contiguous tensor of ``shape`` and ``dtype`` at byte ``offset`` of the arena."""
-        first = (self._start + offset) // dtype.itemsize
-        return torch.empty(0, dtype=dtype).set_(self.storage, first, shape, _contiguous_strides(shape))
+        """A contiguous tensor of ``shape`` and ``dtype`` at byte ``offset`` of the arena, with a
+        storage of its own holding exactly its bytes (so ``torch.save`` and DCP's writers take
+        it as it is) that keeps the arena alive."""
+        return _sharing.tensor_view(self.buffer, offset, shape, dtype)
 
     def close(self) -> None:
         """Undo the registration now (views stay valid, no longer page-locked). Idempotent."""
-        if self._finalizer is not None:
-            self._finalizer()
+        self.buffer.unregister()
 
 
 def _contiguous_strides(shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
@@ -256,14 +232,24 @@ _nbytes = operator.attrgetter("nbytes")
 
 class _CopyPlan:
     """What copying into a fixed list of destination tensors needs: their addresses, byte
-    counts, shapes and dtypes, measured once and again only when a destination moved. Holds the tensors (so the addresses stay
-    valid). Sources are checked in bulk on every copy; any that do not fit the one-batch
-    path (strided, other device or dtype, conjugate views) take ``Tensor.copy_``."""
+    counts, shapes and dtypes, measured once and again only when a destination moved. Sources
+    are checked in bulk on every copy; any that do not fit the one-batch path (strided, other
+    device or dtype, conjugate views) take ``Tensor.copy_``. With ``weak``, the plan holds its
+    destinations weakly (a plan cached beside their arena must not keep them alive)."""
 
-    def __init__(self, dst: list[torch.Tensor]) -> None:
-        self.dst = dst
+    def __init__(self, dst: list[torch.Tensor], weak: bool = False) -> None:
+        self._refs: list[Any] = [weakref.ref(t) for t in dst] if weak else list(dst)
+        self._weak = weak
         self.ids = list(map(id, dst))
         self._measure()
+
+    @property
+    def dst(self) -> list[torch.Tensor]:
+        return [r() for r in self._refs] if self._weak else self._refs
+
+    def alive(self) -> bool:
+        """All destinations still exist (always, for a plan that holds them)."""
+        return not self._weak or all(r() is not None for r in self._refs)
 
     def _measure(self) -> None:
         dst = self.dst
@@ -273,6 +259,8 @@ class _CopyPlan:
         self.dtypes = list(map(_dtype, dst))
         self.batchable = all(map(_is_cpu, dst)) and all(map(torch.Tensor.is_contiguous, dst))
         self.complex = any(d.is_complex for d in set(self.dtypes))
+        spans = [(p, p + n) for p, n in zip(self.ptrs, self.nbytes) if n]
+        self.span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else (0, 0)
 
     def still_valid(self) -> bool:
         """The destinations still live where the plan says (no ``.data =``, ``set_``, or a
@@ -294,9 +282,39 @@ class _CopyPlan:
             and all(map(torch.Tensor.is_contiguous, src))
             and not (self.complex and any(t.is_conj() or t.is_neg() for t in src))
         ):
-            _hostreg.copy_batch(self.ptrs, list(map(torch.Tensor.data_ptr, src)), self.nbytes, threads)
+            sptrs = list(map(torch.Tensor.data_ptr, src))
+            if _refuse_overlap(sptrs, self.nbytes, self.ptrs, self.span):
+                keep = [i for i, (s, d) in enumerate(zip(sptrs, self.ptrs)) if s != d]  # copies onto themselves
+                _hostreg.copy_batch([self.ptrs[i] for i in keep], [sptrs[i] for i in keep], [self.nbytes[i] for i in keep], threads)
+                return
+            _hostreg.copy_batch(self.ptrs, sptrs, self.nbytes, threads)
             return
         _copy_one_by_one(src, self.dst, threads)
+
+
+def _refuse_overlap(sptrs: list[int], nbytes: list[int], dptrs: list[int], dspan: tuple[int, int]) -> bool:
+    """ValueError when a source's bytes overlap any destination's (as ``Tensor.copy_``
+    refuses partial overlap): a batch memcpy would read bytes it has already overwritten. A
+    tensor copied onto exactly itself is allowed (nothing to copy); returns whether there are
+    such pairs. O(n) when no source falls inside the destinations' span (the usual case: they
+    are one arena), else a sweep."""
+    lo, hi = dspan
+    if not any(p < hi and p + n > lo for p, n in zip(sptrs, nbytes) if n):
+        return False
+    pairs = [i for i, n in enumerate(nbytes) if n and sptrs[i] != dptrs[i]]
+    events = sorted([(sptrs[i], sptrs[i] + nbytes[i], "s", i) for i in pairs] + [(dptrs[i], dptrs[i] + nbytes[i], "d", i) for i in pairs])
+    open_end = {"s": (0, -1), "d": (0, -1)}  # furthest end seen so far of each kind, and whose
+    for start, end, kind, i in events:
+        other = "d" if kind == "s" else "s"
+        if open_end[other][0] > start:
+            s_i, d_i = (i, open_end[other][1]) if kind == "s" else (open_end[other][1], i)
+            raise ValueError(
+                f"source tensor {s_i} overlaps destination tensor {d_i}: copying would read bytes already "
+                "overwritten (unsupported, as with Tensor.copy_)"
+            )
+        if end > open_end[kind][0]:
+            open_end[kind] = (end, i)
+    return len(pairs) < sum(1 for n in nbytes if n)
 
 
 def _copy_one_by_one(s_list: list[torch.Tensor], d_list: list[torch.Tensor], threads: int) -> None:
@@ -316,16 +334,18 @@ def _copy_one_by_one(s_list: list[torch.Tensor], d_list: list[torch.Tensor], thr
             d.copy_(s, non_blocking=not s.is_cpu)
             if not s.is_cpu:
                 devices.add(s.device)
+    if dptr and _refuse_overlap(sptr, nbytes, dptr, (min(dptr), max(p + n for p, n in zip(dptr, nbytes)))):
+        keep = [i for i, (s, d) in enumerate(zip(sptr, dptr)) if s != d]  # copies onto themselves
+        dptr, sptr, nbytes = [dptr[i] for i in keep], [sptr[i] for i in keep], [nbytes[i] for i in keep]
     _hostreg.copy_batch(dptr, sptr, nbytes, threads)
     for dev in devices:
         torch.get_device_module(dev).synchronize(dev)
 
 
-class StagedDict(dict):
-    """A staged state dict: a plain ``dict`` that also remembers how to copy into it fast
-    (and, unlike ``dict``, can be weakly referenced)."""
-
-    _hostreg_plan: _CopyPlan | None = None
+# Copy plans of staged dicts, beside the arena their tensors live in (a staged dict is a plain
+# dict, as PyTorch's own staged copy is, so that torch.save writes and torch.load reads it as
+# one; it cannot carry the plan itself). Weak both ways: neither keeps the other alive.
+_plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 # ---- public API -----------------------------------------------------------------------
@@ -364,8 +384,7 @@ def create_cpu_state_dict(state_dict: Any, pin_memory: bool = True, share_memory
     message names the limit), ``TypeError`` for tensor types it cannot place (DTensor,
     sparse).
     """
-    staged = stage_layout(state_dict, pin_memory=pin_memory, share_memory=share_memory).state_dict
-    return StagedDict(staged) if type(staged) is dict else staged
+    return stage_layout(state_dict, pin_memory=pin_memory, share_memory=share_memory).state_dict
 
 
 def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
@@ -388,10 +407,11 @@ def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
             extra = sorted(".".join(map(str, p)) for p in set(by_path) - set(d_paths))[:3]
             raise ValueError(f"source and destination differ in structure (missing {missing}, extra {extra})")
         s_list = [by_path[p] for p in d_paths]
-    plan = getattr(dst, "_hostreg_plan", None)
-    if plan is None or plan.ids != list(map(id, d_list)):  # plan.copy checks where they live
-        plan = _CopyPlan(d_list)
-        if isinstance(dst, StagedDict):
-            dst._hostreg_plan = plan
+    arena = _sharing.arena_of(d_list[0]) if d_list else None
+    plan = _plans.get(arena) if arena is not None else None
+    if plan is None or plan.ids != list(map(id, d_list)) or not plan.alive():  # plan.copy checks where they live
+        plan = _CopyPlan(d_list, weak=True)
+        if arena is not None:
+            _plans[arena] = plan
     plan.copy(s_list, threads)
     return dst

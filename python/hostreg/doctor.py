@@ -40,7 +40,9 @@ class Diagnosis:
     active_reason: str  #: why "none", when it is
     memlock_bytes: int | None  #: RLIMIT_MEMLOCK soft limit, None = unlimited
     cap_ipc_lock: bool
-    shm_bytes: int | None  #: /dev/shm size, None if absent
+    shm_dir: str  #: where staging memory is made: HOSTREG_SHM_DIR, else /dev/shm
+    shm_dir_problem: str  #: why HOSTREG_SHM_DIR cannot be used ("" when it can)
+    shm_bytes: int | None  #: size of shm_dir's filesystem, None if absent
     shm_free_bytes: int | None
     nofile: int  #: RLIMIT_NOFILE soft limit
     thp: str  #: transparent huge pages mode for anonymous memory
@@ -106,8 +108,10 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
     soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
     shm: int | None
     shm_free: int | None
+    code, shm_dir = _hostreg.shared_memory_directory()  # the one staging will use, checked as staging checks it
+    shm_problem = _hostreg.last_error()[2] if code else ""
     try:
-        st = os.statvfs("/dev/shm")
+        st = os.statvfs(shm_dir)
         shm, shm_free = st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail
     except OSError:
         shm = shm_free = None
@@ -120,6 +124,8 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
         active_reason=reason,
         memlock_bytes=None if soft == resource.RLIM_INFINITY else soft,
         cap_ipc_lock=_cap_ipc_lock(),
+        shm_dir=shm_dir,
+        shm_dir_problem=shm_problem,
         shm_bytes=shm,
         shm_free_bytes=shm_free,
         nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
@@ -170,10 +176,14 @@ def verdict(d: Diagnosis) -> list[str]:
             "with cudaErrorMemoryAllocation; run `ulimit -l unlimited` (docker: --ulimit memlock=-1) or "
             "grant CAP_IPC_LOCK"
         )
-    if d.shm_free_bytes is not None and d.shm_free_bytes < need:
+    if d.shm_dir_problem:
+        problems.append(d.shm_dir_problem)
+    elif d.shm_free_bytes is not None and d.shm_free_bytes < need:
         problems.append(
-            f"/dev/shm has {d.shm_free_bytes:,} bytes free of {d.shm_bytes:,}, less than the {need:,} "
-            "bytes to stage; enlarge it (docker: --shm-size)"
+            f"{d.shm_dir} has {d.shm_free_bytes:,} bytes free of {d.shm_bytes:,}, less than the {need:,} "
+            "bytes to stage; enlarge it (docker: --shm-size"
+            + (", or mount -o remount,size=... " + d.shm_dir if d.shm_dir != "/dev/shm" else "")
+            + ")"
         )
     d.problems = problems
     return problems

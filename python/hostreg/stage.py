@@ -93,13 +93,23 @@ Progress = Callable[[str, int, int], None]
 ENGINES = ("hostreg", "torch")
 
 
+def _shared_arena(t: torch.Tensor) -> bool:
+    """Is t inside one of hostreg's shared-memory arenas? (Its storage is its own: torch's
+    is_shared() does not know it is shared memory.)"""
+    from . import _sharing
+
+    buf = _sharing.arena_of(t)
+    return buf is not None and buf.fd >= 0
+
+
 def _verify(
     source: dict[str, Any], staged: dict[str, Any], engine: str, progress: Progress
 ) -> tuple[list[str], int, int]:
     """Compare the staged copy with its source; returns (problems, pinned tensors, pinned bytes).
 
     Pinned tensors: PyTorch's path registers every tensor except 0-d and empty ones, each as
-    its own registration; hostreg's registers every non-empty tensor inside one arena.
+    its own registration; hostreg's registers every non-empty tensor inside one arena (one
+    registration, or consecutive chunks where a runtime or HOSTREG_MAX_REGISTRATION caps one).
     """
     problems: list[str] = []
     src = dict(iter_tensors(source))
@@ -119,7 +129,8 @@ def _verify(
             problems.append(f"{key}: staged values differ from the source")
         if engine == "torch" and d.dim() == 0:
             continue  # PyTorch's path makes 0-d tensors plain, neither shared nor pinned
-        if not d.is_shared():
+        in_shared_memory = d.is_shared() if engine == "torch" else _shared_arena(d)
+        if not in_shared_memory and (engine == "torch" or nbytes):
             problems.append(f"{key}: staged tensor is not in shared memory")
         if nbytes == 0:
             continue
@@ -128,8 +139,12 @@ def _verify(
         reg = _core.registration(d.data_ptr())
         if engine == "torch":
             whole = reg is not None and reg.base == d.data_ptr() and reg.nbytes == nbytes
-        else:
-            whole = reg is not None and reg.base + reg.nbytes >= d.data_ptr() + nbytes
+        else:  # inside the arena's registrations: one, or consecutive chunks where a cap split it
+            end = d.data_ptr() + nbytes
+            while reg is not None and reg.base + reg.nbytes < end:
+                nxt = _core.registration(reg.base + reg.nbytes)
+                reg = nxt if nxt is not None and nxt.base == reg.base + reg.nbytes else None
+            whole = reg is not None
         if not whole:
             problems.append(f"{key}: staged tensor is not registered as a whole")
     return problems, pinned, staged_bytes

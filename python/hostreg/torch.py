@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from ._dropin import install, is_installed, uninstall
 from ._stager import Stager
-from ._staging import ALIGNMENT, Arena, StagedDict, copy_state_dict, create_cpu_state_dict
+from ._staging import ALIGNMENT, Arena, copy_state_dict, create_cpu_state_dict
 
 __all__ = [
     "ALIGNMENT",
     "Arena",
-    "StagedDict",
     "Stager",
     "copy_state_dict",
     "create_cpu_state_dict",

@@ -3,11 +3,15 @@
 // in the C++ core or in the Python package.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -29,10 +33,104 @@ RegTuple to_tuple(const hostregRegistration& r) {
     return {as_int(r.base), r.bytes, r.flags, as_int(r.device_ptr), r.backend};
 }
 
+// The staging buffer the C ABI hands out, owned by a Python object: released when that object
+// goes (and with it the last tensor viewing the buffer, each of which holds a reference), or
+// unregistered earlier by unregister(). Python never sees a raw handle.
+class StagingBuffer {
+public:
+    explicit StagingBuffer(hostregStagingBuffer* b) : b_(b) {}
+    StagingBuffer(const StagingBuffer&) = delete;
+    StagingBuffer& operator=(const StagingBuffer&) = delete;
+    ~StagingBuffer() { hostregStagingBufferDestroy(b_); }
+    uintptr_t data_ptr() const { return as_int(hostregStagingBufferData(b_)); }
+    size_t size() const { return hostregStagingBufferSize(b_); }
+    int fd() const { return hostregStagingBufferFd(b_); }
+    size_t chunks() const { return hostregStagingBufferChunks(b_); }
+    int unregister() { return hostregStagingBufferUnregister(b_); }
+
+private:
+    hostregStagingBuffer* b_;
+};
+
+// DLPack (the stable C ABI of dlpack.h, v0.8: DLManagedTensor) for handing torch a view of
+// staging memory: one uint8 tensor of exactly nbytes whose deleter drops a reference to the
+// Python object that owns the memory, so that memory lives as long as any tensor viewing it.
+struct DLDevice {
+    int32_t device_type;  // kDLCPU = 1
+    int32_t device_id;
+};
+struct DLDataType {
+    uint8_t code;  // kDLUInt = 1
+    uint8_t bits;
+    uint16_t lanes;
+};
+struct DLTensor {
+    void* data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t* shape;
+    int64_t* strides;
+    uint64_t byte_offset;
+};
+struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void* manager_ctx;
+    void (*deleter)(DLManagedTensor*);
+};
+struct BytesView {
+    DLManagedTensor managed;
+    int64_t shape[1];
+    PyObject* owner;
+};
+
+void drop_view(DLManagedTensor* m) {
+    auto* v = static_cast<BytesView*>(m->manager_ctx);
+    // Any thread may free the last tensor; at interpreter exit the owner is left to the OS.
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing();
+#else
+    const bool finalizing = _Py_IsFinalizing();
+#endif
+    if (Py_IsInitialized() && !finalizing) {
+        PyGILState_STATE g = PyGILState_Ensure();
+        Py_DECREF(v->owner);
+        PyGILState_Release(g);
+    }
+    delete v;
+}
+
+void capsule_gone(PyObject* capsule) {
+    // Never handed to torch (which renames it "used_dltensor"): free it here.
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+        auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+        m->deleter(m);
+    }
+}
+
+nb::object bytes_view(nb::handle owner, uintptr_t ptr, size_t nbytes) {
+    auto* v = new BytesView{};
+    v->shape[0] = static_cast<int64_t>(nbytes);
+    v->owner = owner.ptr();
+    Py_INCREF(v->owner);
+    v->managed.dl_tensor = DLTensor{as_ptr(ptr), DLDevice{1, 0}, 1, DLDataType{1, 8, 1}, v->shape, nullptr, 0};
+    v->managed.manager_ctx = v;
+    v->managed.deleter = drop_view;
+    PyObject* cap = PyCapsule_New(&v->managed, "dltensor", capsule_gone);
+    if (!cap) {
+        drop_view(&v->managed);
+        throw nb::python_error();
+    }
+    return nb::steal(cap);
+}
+
 }  // namespace
 
 NB_MODULE(_hostreg, m) {
     m.doc() = "hostreg's C core. Use the hostreg package rather than this module.";
+    // Staged tensors may outlive the module at interpreter exit (they hold their buffers);
+    // the OS releases the memory, and nanobind's leak report would only alarm.
+    nb::set_leak_warnings(false);
 
     m.def(
         "host_register",
@@ -107,18 +205,57 @@ NB_MODULE(_hostreg, m) {
         },
         "The calling thread's last failure as (cudaError number, native code, message).");
     m.def("backend_name", &hostregBackendName, "Name of the backend in use (selecting it on first call).");
+    nb::class_<StagingBuffer>(m, "StagingBuffer", nb::is_weak_referenceable(),
+                              "Staging memory owned whole (hostregStagingBufferCreate / Attach): its file, mapping "
+                              "and registration are released when this object and every view of it are gone.")
+        .def_prop_ro("data_ptr", &StagingBuffer::data_ptr, "Address of the first byte (page-aligned).")
+        .def_prop_ro("size", &StagingBuffer::size, "Size in bytes.")
+        .def_prop_ro("fd", &StagingBuffer::fd, "Descriptor of its shared-memory file (-1 for private memory).")
+        .def_prop_ro("chunks", &StagingBuffer::chunks, "Registrations it holds (0 once unregistered).")
+        .def(
+            "unregister",
+            [](StagingBuffer& b) {
+                nb::gil_scoped_release nogil;
+                return b.unregister();
+            },
+            "Undo the registration now (the memory stays mapped). Idempotent. Returns a cudaError number.");
     m.def(
-        "shared_memory_create",
-        [](size_t nbytes) {
-            int fd = -1;
+        "staging_buffer_create",
+        [](size_t nbytes, bool shared, bool pin, unsigned flags, size_t max_chunk) {
+            hostregStagingBuffer* b = nullptr;
             int code;
             {
                 nb::gil_scoped_release nogil;
-                code = hostregSharedMemoryCreate(nbytes, &fd);
+                code = hostregStagingBufferCreate(nbytes, shared, pin, flags, max_chunk, &b);
             }
-            return std::make_tuple(code, fd);
+            return std::make_tuple(code, b ? std::make_unique<StagingBuffer>(b) : nullptr);
         },
-        nb::arg("nbytes"), "hostregSharedMemoryCreate: (cudaError number, fd or -1); the caller closes fd.");
+        nb::arg("nbytes"), nb::arg("shared"), nb::arg("pin"), nb::arg("flags"), nb::arg("max_chunk") = 0,
+        "hostregStagingBufferCreate: (cudaError number, StagingBuffer or None).");
+    m.def(
+        "staging_buffer_attach",
+        [](int fd, size_t nbytes) {
+            hostregStagingBuffer* b = nullptr;
+            int code;
+            {
+                nb::gil_scoped_release nogil;
+                code = hostregStagingBufferAttach(fd, nbytes, &b);
+            }
+            return std::make_tuple(code, b ? std::make_unique<StagingBuffer>(b) : nullptr);
+        },
+        nb::arg("fd"), nb::arg("nbytes"),
+        "hostregStagingBufferAttach (takes fd over): (cudaError number, StagingBuffer or None).");
+    m.def("bytes_view", &bytes_view, nb::arg("owner"), nb::arg("ptr"), nb::arg("nbytes"),
+          "A DLPack capsule of nbytes uint8 at ptr (for torch.from_dlpack) that keeps owner alive while any "
+          "tensor made from it lives.");
+    m.def(
+        "shared_memory_directory",
+        []() {
+            const char* dir = nullptr;
+            int code = hostregSharedMemoryDirectory(&dir);
+            return std::make_tuple(code, std::string(dir ? dir : ""));
+        },
+        "hostregSharedMemoryDirectory: (cudaError number, directory staging memory is made in).");
     m.def(
         "prepare_memory",
         [](uintptr_t ptr, size_t nbytes, int fd) {
@@ -127,26 +264,6 @@ NB_MODULE(_hostreg, m) {
         },
         nb::arg("ptr"), nb::arg("nbytes"), nb::arg("fd") = -1,
         "hostregPrepareMemory: allocate and map every page without changing bytes. Returns a cudaError number.");
-    m.def(
-        "arena_register",
-        [](uintptr_t ptr, size_t nbytes, unsigned flags, size_t max_chunk) {
-            hostregArena* arena = nullptr;
-            int code;
-            {
-                nb::gil_scoped_release nogil;
-                code = hostregArenaRegister(as_ptr(ptr), nbytes, flags, max_chunk, &arena);
-            }
-            return std::make_tuple(code, as_int(arena), hostregArenaChunkCount(arena));
-        },
-        nb::arg("ptr"), nb::arg("nbytes"), nb::arg("flags"), nb::arg("max_chunk") = 0,
-        "hostregArenaRegister: returns (cudaError number, arena handle or 0, chunk count).");
-    m.def(
-        "arena_unregister",
-        [](uintptr_t handle) {
-            nb::gil_scoped_release nogil;
-            return hostregArenaUnregister(reinterpret_cast<hostregArena*>(handle));
-        },
-        nb::arg("handle"), "hostregArenaUnregister: unregister every chunk and free the handle (use once).");
     m.def(
         "copy_batch",
         [](const std::vector<uintptr_t>& dst, const std::vector<uintptr_t>& src, const std::vector<size_t>& nbytes,

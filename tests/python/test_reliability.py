@@ -135,8 +135,8 @@ def test_staging_memory_has_no_name_and_is_owner_only():
 
 
 def test_arena_chunks_never_share_a_page():
-    # Where a runtime caps one registration, an arena is several registrations; their
-    # boundaries fall on pages even for an unaligned start (an unshared arena starts 256-aligned).
+    # Where a runtime caps one registration, an arena is several registrations whose
+    # boundaries fall on pages; together they cover the whole arena, from its first byte.
     from hostreg._staging import Arena
 
     page = os.sysconf("SC_PAGESIZE")
@@ -146,8 +146,8 @@ def test_arena_chunks_never_share_a_page():
         assert a.chunks == len(regs) >= 3
         spans = [(r.base // page, (r.base + r.nbytes - 1) // page) for r in regs]
         assert all(prev_last < first for (_, prev_last), (first, _) in zip(spans, spans[1:]))
-        assert regs[0].base == a.storage.data_ptr()  # the whole storage, from its first byte
-        assert sum(r.nbytes for r in regs) == a.nbytes + (a.data_ptr - a.storage.data_ptr())
+        assert regs[0].base == a.data_ptr and a.data_ptr % page == 0
+        assert sum(r.nbytes for r in regs) == a.buffer.size == a.nbytes
     finally:
         a.close()
     assert hostreg.stats().registrations == 0

@@ -1,0 +1,160 @@
+"""Staged tensors: a storage of their own inside the arena, and passing arenas between processes.
+
+Every staged tensor is a view of its arena's memory with a storage holding exactly its bytes:
+the extension hands torch a DLPack capsule of those bytes (``_hostreg.bytes_view``) whose
+deleter drops a reference to the arena's ``StagingBuffer``, so the memory lives as long as
+any tensor of it. That is what PyTorch's own consumers need: ``torch.save`` writes whole
+storages (and refuses storages viewed as two dtypes), and DCP's ``FileSystemWriter`` clones any
+CPU tensor whose storage is larger than the tensor (torch/distributed/checkpoint/filesystem.py).
+
+torch would copy such a tensor into new shared memory when a ``torch.multiprocessing`` pickler
+sends it (its storage is not one torch allocated shared). So hostreg registers its own
+reducers for tensors with ``multiprocessing.reduction.ForkingPickler``: a tensor inside a
+shared arena is sent as (arena, offset, shape, dtype, stride), and the arena itself as a
+duplicate of its file descriptor, once per message however many tensors view it (the
+pickler's memo). The receiving process maps the same file (``StagingBuffer`` attach) and
+rebuilds the tensors over it, storage sharing included. Any other tensor goes to torch's own
+reducer unchanged.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from . import _hostreg
+
+_lock = threading.Lock()
+_starts: list[int] = []  # sorted start addresses of live arenas in this process
+_arenas: dict[int, weakref.ref] = {}  # start address -> the arena's StagingBuffer
+_installed = False
+_torch_reducers: dict[type, Any] = {}
+
+
+def _forget(start: int) -> None:
+    with _lock:
+        if start in _arenas and _arenas[start]() is None:
+            del _arenas[start]
+            _starts.pop(bisect.bisect_left(_starts, start))
+
+
+def track(buf: Any) -> None:
+    """Remember an arena's buffer (weakly): its tensors can be found in it (:func:`arena_of`),
+    and, when it is shared memory, are sent to other processes by file."""
+    start: int = buf.data_ptr
+
+    def gone(_ref: weakref.ref) -> None:
+        _forget(start)
+
+    with _lock:
+        _arenas[start] = weakref.ref(buf, gone)
+        bisect.insort(_starts, start)
+    _install()
+
+
+def _arena_of(ptr: int, nbytes: int) -> Any:
+    """The live arena holding [ptr, ptr + nbytes), or None."""
+    with _lock:
+        i = bisect.bisect_right(_starts, ptr) - 1
+        if i < 0:
+            return None
+        buf = _arenas[_starts[i]]()
+    if buf is None or ptr + nbytes > buf.data_ptr + buf.size:
+        return None
+    return buf
+
+
+def arena_of(t: torch.Tensor) -> Any:
+    """The buffer of the arena tensor ``t`` lives in, or None."""
+    if t.device.type != "cpu" or t.layout != torch.strided:
+        return None
+    st = t.untyped_storage()
+    return _arena_of(st.data_ptr(), st.nbytes()) if st.nbytes() else None
+
+
+def storage_view(buf: Any, offset: int, nbytes: int) -> torch.UntypedStorage:
+    """A storage of exactly ``nbytes`` bytes at byte ``offset`` of ``buf`` (keeping it alive)."""
+    return torch.from_dlpack(_hostreg.bytes_view(buf, buf.data_ptr + offset, nbytes)).untyped_storage()
+
+
+def tensor_view(buf: Any, offset: int, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous tensor of ``shape`` and ``dtype`` at byte ``offset`` of ``buf``, with a
+    storage of its own (empty tensors: an empty one of their own, no bytes of the arena)."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    nbytes = numel * dtype.itemsize
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.from_dlpack(_hostreg.bytes_view(buf, buf.data_ptr + offset, nbytes))  # uint8[nbytes]
+    return raw.view(dtype).view(shape)
+
+
+# ---- torch.multiprocessing ----------------------------------------------------------------
+
+
+def _reduce_buffer(buf: Any) -> tuple:
+    from multiprocessing.reduction import DupFd
+
+    return (_attach, (DupFd(buf.fd), buf.size))
+
+
+def _attach(dup: Any, size: int) -> Any:
+    """The receiving side of :func:`_reduce_buffer`: the same file, mapped here."""
+    code, buf = _hostreg.staging_buffer_attach(dup.detach(), size)
+    if code != 0:
+        _, native, message = _hostreg.last_error()
+        raise RuntimeError(f"hostreg: cannot map a staging arena passed from another process: {message}")
+    track(buf)
+    return buf
+
+
+def _reduce_tensor(t: torch.Tensor) -> tuple:
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        buf = arena_of(t)
+        if buf is not None and buf.fd >= 0:  # shared memory: sent by file
+            st = t.untyped_storage()
+            meta = (st.data_ptr() - buf.data_ptr, st.nbytes(), t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+            return (_rebuild_tensor, (buf, meta, t.requires_grad, isinstance(t, torch.nn.Parameter)))
+    return _torch_reducers[type(t)](t)
+
+
+# Storages rebuilt in this process, per arena buffer and byte range, so that tensors sharing one
+# storage (tied weights, views) share one again after a message (kept while any is alive).
+_rebuilt: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _rebuild_tensor(buf: Any, meta: tuple, requires_grad: bool, parameter: bool) -> torch.Tensor:
+    offset, nbytes, dtype, shape, stride, storage_offset = meta
+    storages = _rebuilt.setdefault(buf, weakref.WeakValueDictionary())  # entries live with their tensors
+    storage = storages.get((offset, nbytes))
+    if storage is None:
+        storage = storage_view(buf, offset, nbytes)
+        storages[(offset, nbytes)] = storage
+    t = torch.empty(0, dtype=dtype).set_(storage, storage_offset, shape, stride)
+    if parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    t.requires_grad_(requires_grad)
+    return t
+
+
+def _install() -> None:
+    """Register the reducers (once, after torch's own: ``import torch.multiprocessing``)."""
+    global _installed
+    if _installed:
+        return
+    import torch.multiprocessing  # noqa: F401 -- registers torch's reducers first
+    from multiprocessing.reduction import ForkingPickler
+
+    with _lock:
+        if _installed:
+            return
+        for cls in (torch.Tensor, torch.nn.Parameter):
+            _torch_reducers[cls] = ForkingPickler._extra_reducers[cls]  # type: ignore[attr-defined]
+            ForkingPickler.register(cls, _reduce_tensor)
+        ForkingPickler.register(_hostreg.StagingBuffer, _reduce_buffer)
+        _installed = True
