@@ -859,9 +859,9 @@ def scenario_state_dict(ctx: Ctx) -> dict:
 
 
 def tensors_of(sd: Any) -> list[Any]:
-    from hostreg._staging import _tensors
+    from hostreg._tree import flatten
 
-    return _tensors(sd)
+    return flatten(sd)[0]
 
 
 def values_equal(ctx: Ctx, src: dict, dst: dict) -> list[str]:

@@ -24,20 +24,19 @@ from typing import Any
 
 import torch
 
+from . import _tree
+from ._arena import leaves_on
+from ._copy import CopyPlan
 from ._errors import StagingError
-from ._staging import StagedStateDict, _CopyPlan, _rebuild, _tensors, signature, stage_layout
-
-
-def _same_storage(t: torch.Tensor) -> torch.Tensor:
-    """A new tensor object viewing exactly what ``t`` views."""
-    return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+from ._layout import layout_of
+from ._staging import StagedStateDict, stage_layout
 
 
 class _Buffer:
     def __init__(self, sig: tuple, staged: StagedStateDict) -> None:
         self.sig = sig
         self.staged = staged
-        self.plan = _CopyPlan(staged.tensors)
+        self.plan = CopyPlan(staged.tensors)
         self._issued: list[weakref.ref[torch.Tensor]] = []
 
     def busy(self) -> bool:
@@ -48,13 +47,12 @@ class _Buffer:
         the arena's registration is stale and this buffer must not be used again."""
         return not self.plan.still_valid()
 
-    def issue(self, source: dict) -> dict:
+    def issue(self, values: list[Any]) -> dict:
         """A new state dict over this buffer's memory (new tensor objects on its storages, so
-        that they say when the last of them is gone), non-tensors copied from source."""
-        fresh = [_same_storage(t) for t in self.staged.tensors]
+        that they say when the last of them is gone), with deep copies of the source's values."""
+        fresh = leaves_on(self.staged.storages, self.staged.layout)
         self._issued = [weakref.ref(t) for t in fresh]
-        tensors = iter(fresh)
-        return _rebuild(source, lambda t: next(tensors), copy.deepcopy)
+        return _tree.unflatten(self.staged.layout.spec, fresh, copy.deepcopy(values))
 
     def close(self) -> None:
         self.staged.arena.close()
@@ -109,9 +107,10 @@ class Stager:
         with self._lock:
             if self._closed:
                 raise RuntimeError("Stager.stage() after close()")
-            buf = self._acquire(signature(state_dict), state_dict)
-            buf.plan.copy(_tensors(state_dict))
-            return buf.issue(state_dict)
+            layout, tensors, values = layout_of(state_dict)
+            buf = self._acquire(layout.key, state_dict)
+            buf.plan.copy(tensors)
+            return buf.issue(values)
 
     def synchronize_staging(self) -> None:
         """Nothing to wait for: :meth:`stage` is synchronous."""

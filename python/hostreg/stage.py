@@ -18,7 +18,7 @@ import torch
 
 from . import _core, _proc
 from ._errors import StagingError
-from ._staging import _paths
+from . import _tree
 from . import torch as hostreg_torch
 
 
@@ -42,8 +42,9 @@ class StageReport:
 
 def iter_tensors(obj: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """(dotted key, tensor) for every tensor in a nested dict/list/tuple state dict."""
-    for path, t in _paths(obj).items():
-        yield ".".join(map(str, path)), t
+    tensors, _, spec = _tree.flatten(obj)
+    for path, t in zip(_tree.tensor_paths(spec), tensors):
+        yield _tree.dotted(path), t
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -172,7 +173,8 @@ def _create_and_copy(state_dict: dict[str, Any], engine: str, progress: Progress
         _copy_state_dict(state_dict, staged)
         progress("copy", total, total)
     else:
-        from ._staging import _CopyPlan, stage_layout
+        from ._copy import CopyPlan
+        from ._staging import stage_layout
 
         layout = stage_layout(state_dict)
         progress("create", total, total)
@@ -183,7 +185,7 @@ def _create_and_copy(state_dict: dict[str, Any], engine: str, progress: Progress
         for i, t in enumerate(src):
             acc += t.numel() * t.element_size()
             if acc >= step or i == len(src) - 1:
-                _CopyPlan(layout.tensors[start : i + 1]).copy(src[start : i + 1])
+                CopyPlan(layout.tensors[start : i + 1]).copy(src[start : i + 1])
                 done += acc
                 progress("copy", done, total)
                 start, acc = i + 1, 0

@@ -1,0 +1,210 @@
+"""Copying a state dict's values into its staged copy.
+
+A :class:`CopyPlan` is made once for a fixed list of destination leaves (from
+:func:`hostreg.torch.create_cpu_state_dict` or a :class:`hostreg.torch.Stager` buffer, or any
+tensors). When the sources share storages exactly as the destinations do (the same grouping,
+see ``_layout.py``) and have the destinations' dtypes, shapes and strides, the copy is one
+memcpy per span, all CPU spans in one parallel batch with the GIL released
+(``hostregCopyBatch``); spans on an accelerator are copied with ``copy_`` (non-blocking, one
+per span) and synchronised before returning. Anything else is copied leaf by leaf with
+``Tensor.copy_``, refusing (ValueError) destinations tied together whose sources are not.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+import torch
+
+from . import _hostreg
+from ._layout import Grouping, group, local_of
+
+
+def _span_ptrs(locals_: list[torch.Tensor], g: Grouping) -> list[int]:
+    """Address of each span's first byte (CPU), from the first tensor of the span."""
+    ptrs = [0] * len(g.spans)
+    seen = [False] * len(g.spans)
+    for t, s, own in zip(locals_, g.group, g.own):
+        if s >= 0 and not seen[s]:
+            seen[s] = True
+            ptrs[s] = t.data_ptr() if own else t.untyped_storage().data_ptr() + g.spans[s][0]
+    return ptrs
+
+
+def _leaf_key(t: torch.Tensor) -> tuple:
+    return (t.dtype, t.shape, t.stride(), t.device)
+
+
+def refuse_overlap(sptrs: list[int], nbytes: list[int], dptrs: list[int]) -> list[int]:
+    """The indices to copy: ValueError when a source's bytes overlap any destination's (as
+    ``Tensor.copy_`` refuses partial overlap; a memcpy would read bytes it already
+    overwrote). A span copied onto exactly itself is skipped (nothing to copy). O(n) when no
+    source falls inside the destinations' extent (the usual case: they are one arena), else a
+    sweep."""
+    live = [i for i, n in enumerate(nbytes) if n and sptrs[i] != dptrs[i]]
+    if not live:
+        return live
+    lo = min(dptrs[i] for i in live)
+    hi = max(dptrs[i] + nbytes[i] for i in live)
+    if not any(sptrs[i] < hi and sptrs[i] + nbytes[i] > lo for i in live):
+        return live
+    events = sorted([(sptrs[i], sptrs[i] + nbytes[i], "s", i) for i in live] + [(dptrs[i], dptrs[i] + nbytes[i], "d", i) for i in live])
+    furthest = {"s": (0, -1), "d": (0, -1)}  # furthest end seen so far of each kind, and whose
+    for start, end, kind, i in events:
+        other = "d" if kind == "s" else "s"
+        if furthest[other][0] > start:
+            s_i, d_i = (i, furthest[other][1]) if kind == "s" else (furthest[other][1], i)
+            raise ValueError(
+                f"source span {s_i} overlaps destination span {d_i}: copying would read bytes already "
+                "overwritten (unsupported, as with Tensor.copy_)"
+            )
+        if end > furthest[kind][0]:
+            furthest[kind] = (end, i)
+    return live
+
+
+class CopyPlan:
+    """Copying into a fixed list of destination leaves (see the module docstring). With
+    ``weak``, the plan holds them weakly (a plan cached beside their arena must not keep it
+    alive)."""
+
+    def __init__(self, dst: list[torch.Tensor], weak: bool = False) -> None:
+        self._refs: list[Any] = [weakref.ref(t) for t in dst] if weak else list(dst)
+        self._weak = weak
+        self.ids = list(map(id, dst))
+        self._measure([local_of(t) for t in dst])
+        self._src_key: list[tuple] | None = None
+        self._fast = False
+
+    @property
+    def dst(self) -> list[torch.Tensor]:
+        return [r() for r in self._refs] if self._weak else self._refs
+
+    def alive(self) -> bool:
+        """All destinations still exist (always, for a plan that holds them)."""
+        return not self._weak or all(r() is not None for r in self._refs)
+
+    def _measure(self, dlocals: list[torch.Tensor]) -> None:
+        self.grouping = group(dlocals)
+        self.dkeys = [_leaf_key(t) for t in dlocals]
+        self.dptrs = _span_ptrs(dlocals, self.grouping)
+        self.dids = list(map(id, dlocals))
+        self.span_cpu = [True] * len(self.grouping.spans)
+        for t, s in zip(dlocals, self.grouping.group):
+            if s >= 0 and not t.is_cpu:
+                self.span_cpu[s] = False
+
+    def _dst_locals(self) -> list[torch.Tensor]:
+        return [local_of(t) for t in self.dst]
+
+    def still_valid(self) -> bool:
+        """The destinations still live where the plan says (no ``.data =``, ``set_`` or
+        ``share_memory_()`` moved one)."""
+        dlocals = self._dst_locals()
+        return list(map(id, dlocals)) == self.dids and _span_ptrs(dlocals, self.grouping) == self.dptrs
+
+    def copy(self, src: list[torch.Tensor], threads: int = 0) -> None:
+        """Copy ``src`` leaf by leaf (pairwise) into the destinations, wherever they are now."""
+        if len(src) != len(self.ids):
+            raise ValueError(f"source has {len(src)} tensors, destination {len(self.ids)}")
+        dlocals = self._dst_locals()
+        if list(map(id, dlocals)) != self.dids or _span_ptrs(dlocals, self.grouping) != self.dptrs:
+            self._measure(dlocals)  # a destination was replaced or moved: measure again
+            self._src_key = None
+        slocals = [local_of(t) for t in src]
+        key = [(t.untyped_storage().data_ptr(), t.storage_offset(), *_leaf_key(t)) for t in slocals]
+        if key != self._src_key:  # the sources' storages or views changed since the last copy
+            sg = group(slocals)
+            same_views = all(
+                k[2:4] == d[0:2] if own else k[2:5] == d[0:3]
+                for k, d, s, own in zip(key, self.dkeys, sg.group, sg.own)
+                if s >= 0
+            )
+            self._fast = same_views and sg.shape_key() == self.grouping.shape_key()
+            self._sgroup = sg
+            self._src_key = key
+        threads = threads or len(os.sched_getaffinity(0))
+        if self._fast:
+            self._copy_spans(slocals, dlocals, threads)
+        else:
+            self._copy_leaves(slocals, dlocals, threads)
+
+    def _copy_spans(self, slocals: list[torch.Tensor], dlocals: list[torch.Tensor], threads: int) -> None:
+        g = self._sgroup
+        sptrs = _span_ptrs(slocals, g)
+        nbytes = [n for _, n in g.spans]
+        first = _first_leaf(g)
+        cpu = [s for s in range(len(nbytes)) if not g.own[s] and self.span_cpu[s] and slocals[first[s]].is_cpu]
+        keep = refuse_overlap([sptrs[s] for s in cpu], [nbytes[s] for s in cpu], [self.dptrs[s] for s in cpu])
+        batch = [cpu[k] for k in keep]
+        _hostreg.copy_batch([self.dptrs[s] for s in batch], [sptrs[s] for s in batch], [nbytes[s] for s in batch], threads)
+        on_cpu = set(cpu)
+        devices: set[torch.device] = set()
+        for s in range(len(nbytes)):
+            if s in on_cpu:
+                continue
+            i = first[s]
+            src, dst = slocals[i], dlocals[i]
+            if g.own[s]:  # a resolved conjugate or negative view
+                dst.copy_(src, non_blocking=not src.is_cpu)
+            else:  # a span on an accelerator: its bytes in one copy
+                _bytes_at(dst, self.dptrs[s], nbytes[s]).copy_(_bytes_at(src, sptrs[s], nbytes[s]), non_blocking=True)
+            if not src.is_cpu:
+                devices.add(src.device)
+        for dev in devices:
+            torch.get_device_module(dev).synchronize(dev)
+
+    def _copy_leaves(self, slocals: list[torch.Tensor], dlocals: list[torch.Tensor], threads: int) -> None:
+        dg = self.grouping
+        sg = group(slocals)
+        tied: dict[int, tuple[int, int]] = {}
+        for i, (ds, ss) in enumerate(zip(dg.group, sg.group)):
+            if ds < 0:
+                continue
+            src_place = (ss, sg.offset[i] - dg.offset[i])
+            if tied.setdefault(ds, src_place) != src_place:
+                raise ValueError(
+                    f"destination tensors {tied_first(dg, ds)} and {i} share storage (tied weights or views) but "
+                    "their sources do not: copying one would overwrite the other; stage the source again"
+                )
+        for i, (s, d) in enumerate(zip(slocals, dlocals)):
+            if s.shape != d.shape:
+                raise ValueError(f"tensor {i}: source shape {tuple(s.shape)} != destination {tuple(d.shape)}")
+        dptr = [d.data_ptr() for d in dlocals]
+        sptr = [s.data_ptr() for s in slocals]
+        nb = [d.nbytes for d in dlocals]
+        batch, devices = [], set()
+        for i, (s, d) in enumerate(zip(slocals, dlocals)):
+            if (s.is_cpu and d.is_cpu and s.dtype == d.dtype and s.is_contiguous() and d.is_contiguous()
+                    and not (s.is_conj() or s.is_neg() or d.is_conj() or d.is_neg())):
+                batch.append(i)
+            else:
+                d.copy_(s, non_blocking=not s.is_cpu)
+                if not s.is_cpu:
+                    devices.add(s.device)
+        keep = refuse_overlap([sptr[i] for i in batch], [nb[i] for i in batch], [dptr[i] for i in batch])
+        idx = [batch[k] for k in keep]
+        _hostreg.copy_batch([dptr[i] for i in idx], [sptr[i] for i in idx], [nb[i] for i in idx], threads)
+        for dev in devices:
+            torch.get_device_module(dev).synchronize(dev)
+
+
+def tied_first(g: Grouping, span: int) -> int:
+    return g.group.index(span)
+
+
+def _first_leaf(g: Grouping) -> list[int]:
+    """The first leaf of each span."""
+    first = [-1] * len(g.spans)
+    for i, s in enumerate(g.group):
+        if s >= 0 and first[s] < 0:
+            first[s] = i
+    return first
+
+
+def _bytes_at(t: torch.Tensor, ptr: int, n: int) -> torch.Tensor:
+    """A uint8 tensor over the n bytes at address ptr of t's storage."""
+    st = t.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(st, ptr - st.data_ptr(), (n,), (1,))

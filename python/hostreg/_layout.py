@@ -1,0 +1,197 @@
+"""Where each tensor of a state dict goes in its arena.
+
+Tensors that share a storage (tied weights, views, slices of one parameter) are staged once,
+with the same view relations: every source storage becomes one *span* of the arena holding
+the bytes its tensors touch, and each tensor a view of its span with the source's offset,
+shape and strides. So the bytes staged are the unique bytes, and a copy is one memcpy per
+span. Spans start at multiples of :data:`ALIGNMENT` (256 bytes: any element size divides
+it, a cache line and an AVX-512 vector fit, and CUDA's allocator aligns device buffers so,
+so copy engines see no misaligned starts), in the order their first tensor appears.
+
+A DTensor (FSDP2, tensor parallel) is staged by its local shard; a conjugate or negative view,
+or a view whose elements alias one another (an expanded tensor), gets a contiguous span of
+its own (its values resolved), so that ``Tensor.copy_`` can write it. Empty tensors take no
+bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import _tree
+
+ALIGNMENT = 256
+# Span starts inside a source storage are rounded down to this many bytes, a multiple of
+# every element size, so every tensor of the span starts at a whole element of its dtype.
+_ELEMENT = 16
+
+
+@functools.lru_cache(maxsize=None)
+def dtensor_type() -> type | None:
+    """torch's DTensor class where torch.distributed has it, else None."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover -- torch without distributed
+        return None
+    return DTensor
+
+
+def local_of(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose bytes are staged: a DTensor's local shard, else t itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if local is not None and isinstance(t, dtensor_type() or ()) else t
+
+
+def check_leaf(path: tuple, t: torch.Tensor) -> None:
+    """TypeError, naming the entry, for tensors staging cannot place."""
+    where = _tree.dotted(path)
+    dtensor = dtensor_type()
+    if dtensor is not None and isinstance(t, dtensor):
+        t = local_of(t)
+    elif type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        if type(t).__name__ == "ShardedTensor":
+            raise TypeError(
+                f"{where}: hostreg staging takes tensors and DTensors, not ShardedTensor "
+                "(use DTensor state dicts: torch.distributed.checkpoint.state_dict.get_state_dict)"
+            )
+        raise TypeError(f"{where}: hostreg staging takes plain tensors and DTensors, not {type(t).__name__}")
+    if t.is_nested:
+        raise TypeError(f"{where}: hostreg staging takes plain tensors, not nested tensors")
+    if t.layout != torch.strided:
+        raise TypeError(f"{where}: hostreg staging takes strided tensors, not {t.layout}")
+    if t.is_quantized:
+        raise TypeError(f"{where}: hostreg staging takes plain tensors, not quantized ({t.dtype}) ones")
+
+
+def touched(t: torch.Tensor) -> tuple[int, int]:
+    """[first, end) bytes of t's storage its elements lie in (t not empty)."""
+    size = t.element_size()
+    first = t.storage_offset() * size
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return first, first + (last + 1) * size
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How a list of (local) tensors share storages.
+
+    ``group[i]`` is tensor i's span (-1: empty, no bytes), ``offset[i]`` the byte offset of its
+    first element from its span's start, ``spans[g]`` the (start in the source storage,
+    nbytes) of span g; ``own[i]``: tensor i is copied with ``copy_`` into a contiguous span of
+    its own (a conjugate or negative view)."""
+
+    group: tuple[int, ...]
+    offset: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    own: tuple[bool, ...]
+
+    def shape_key(self) -> tuple:
+        """What two groupings must share for bytes to be copied span by span (a source's own
+        spans are copied with copy_ into whatever contiguous tensor holds them)."""
+        return (self.group, self.offset, tuple(n for _, n in self.spans))
+
+
+def group(locals_: list[torch.Tensor]) -> Grouping:
+    """Group tensors by the storage they view (see the module docstring)."""
+    index: dict[tuple, int] = {}
+    lo: list[int] = []
+    hi: list[int] = []
+    grp: list[int] = []
+    first: list[int] = []
+    own: list[bool] = []
+    for t in locals_:
+        if t.numel() == 0:
+            grp.append(-1)
+            first.append(0)
+            own.append(False)
+            continue
+        a, b = touched(t)
+        if t.is_conj() or t.is_neg() or b - a < t.numel() * t.element_size():
+            # A conjugate or negative view, or elements that alias one another (an expanded
+            # tensor): a contiguous tensor of its values, in a span of its own.
+            index[("own", len(grp))] = g = len(lo)
+            lo.append(0)
+            hi.append(t.numel() * t.element_size())
+            grp.append(g)
+            first.append(0)
+            own.append(True)
+            continue
+        key = (t.device, t.untyped_storage().data_ptr())
+        g = index.setdefault(key, len(lo))
+        if g == len(lo):
+            lo.append(a)
+            hi.append(b)
+        else:
+            lo[g], hi[g] = min(lo[g], a), max(hi[g], b)
+        grp.append(g)
+        first.append(a)
+        own.append(False)
+    starts = [x - x % _ELEMENT for x in lo]
+    offset = tuple(f - starts[g] if g >= 0 and not o else 0 for f, g, o in zip(first, grp, own))
+    return Grouping(tuple(grp), offset, tuple((s, h - s) for s, h in zip(starts, hi)), tuple(own))
+
+
+@dataclass(frozen=True)
+class LeafMeta:
+    """What a staged leaf is, besides its bytes: dtype, shape and strides of its local tensor,
+    and for a DTensor its mesh, placements, global shape and global strides."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtensor: tuple | None
+
+
+def leaf_meta(t: torch.Tensor, own: bool) -> LeafMeta:
+    local = local_of(t)
+    shape = tuple(local.shape)
+    stride = _contiguous(shape) if own or local.numel() == 0 else tuple(local.stride())
+    dmeta = None
+    if local is not t:
+        dmeta = (t.device_mesh, tuple(t.placements), tuple(t.shape), tuple(t.stride()))
+    return LeafMeta(local.dtype, shape, stride, dmeta)
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A state dict's arena: its structure, each leaf's place, each span's place."""
+
+    spec: _tree.Spec
+    grouping: Grouping
+    leaves: tuple[LeafMeta, ...]
+    span_offsets: tuple[int, ...]  #: where each span starts in the arena
+    nbytes: int  #: arena size
+
+    @property
+    def key(self) -> tuple:
+        """Equal for two state dicts exactly when one arena serves both."""
+        return (self.spec, self.grouping.shape_key(), self.leaves)
+
+
+def layout_of(state_dict: Any) -> tuple[Layout, list[torch.Tensor], list[Any]]:
+    """(layout, tensors, other values) of ``state_dict``; TypeError for tensors it cannot place."""
+    tensors, values, spec = _tree.flatten(state_dict)
+    if any(type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized or t.is_nested for t in tensors):
+        for path, t in zip(_tree.tensor_paths(spec), tensors):  # only then: name the entry
+            check_leaf(path, t)
+    locals_ = [local_of(t) for t in tensors]
+    g = group(locals_)
+    offsets, at = [], 0
+    for _, n in g.spans:
+        at = -(-at // ALIGNMENT) * ALIGNMENT
+        offsets.append(at)
+        at += n
+    leaves = tuple(leaf_meta(t, o) for t, o in zip(tensors, g.own))
+    return Layout(spec, g, leaves, tuple(offsets), at), tensors, values
