@@ -6,15 +6,16 @@ tensors). When the sources share storages exactly as the destinations do (the sa
 see ``_layout.py``) and have the destinations' dtypes, shapes and strides, the copy is one
 memcpy per span, all CPU spans in one parallel batch with the GIL released
 (``hostregCopyBatch``); spans on an accelerator are copied with ``copy_`` (non-blocking, one
-per span) and synchronised before returning. Anything else is copied leaf by leaf with
+per span, on the given side stream if any) and synchronised before returning. Anything else is copied leaf by leaf with
 ``Tensor.copy_``, refusing (ValueError) destinations tied together whose sources are not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -105,8 +106,11 @@ class CopyPlan:
         dlocals = self._dst_locals()
         return list(map(id, dlocals)) == self.dids and _span_ptrs(dlocals, self.grouping) == self.dptrs
 
-    def copy(self, src: list[torch.Tensor], threads: int = 0) -> None:
-        """Copy ``src`` leaf by leaf (pairwise) into the destinations, wherever they are now."""
+    def copy(self, src: list[torch.Tensor], threads: int = 0, stream: Any = None) -> None:
+        """Copy ``src`` leaf by leaf (pairwise) into the destinations, wherever they are now.
+
+        Copies from an accelerator are issued on ``stream`` (a ``torch.Stream``; None: the
+        current stream) and waited for (that stream, or the device) before returning."""
         if len(src) != len(self.ids):
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.ids)}")
         dlocals = self._dst_locals()
@@ -126,12 +130,13 @@ class CopyPlan:
             self._sgroup = sg
             self._src_key = key
         threads = threads or len(os.sched_getaffinity(0))
-        if self._fast:
-            self._copy_spans(slocals, dlocals, threads)
-        else:
-            self._copy_leaves(slocals, dlocals, threads)
+        with _issuing_on(stream) as devices:
+            if self._fast:
+                self._copy_spans(slocals, dlocals, threads, devices)
+            else:
+                self._copy_leaves(slocals, dlocals, threads, devices)
 
-    def _copy_spans(self, slocals: list[torch.Tensor], dlocals: list[torch.Tensor], threads: int) -> None:
+    def _copy_spans(self, slocals: list[torch.Tensor], dlocals: list[torch.Tensor], threads: int, devices: set) -> None:
         g = self._sgroup
         sptrs = _span_ptrs(slocals, g)
         nbytes = [n for _, n in g.spans]
@@ -141,7 +146,6 @@ class CopyPlan:
         batch = [cpu[k] for k in keep]
         _hostreg.copy_batch([self.dptrs[s] for s in batch], [sptrs[s] for s in batch], [nbytes[s] for s in batch], threads)
         on_cpu = set(cpu)
-        devices: set[torch.device] = set()
         for s in range(len(nbytes)):
             if s in on_cpu:
                 continue
@@ -153,10 +157,8 @@ class CopyPlan:
                 _bytes_at(dst, self.dptrs[s], nbytes[s]).copy_(_bytes_at(src, sptrs[s], nbytes[s]), non_blocking=True)
             if not src.is_cpu:
                 devices.add(src.device)
-        for dev in devices:
-            torch.get_device_module(dev).synchronize(dev)
 
-    def _copy_leaves(self, slocals: list[torch.Tensor], dlocals: list[torch.Tensor], threads: int) -> None:
+    def _copy_leaves(self, slocals: list[torch.Tensor], dlocals: list[torch.Tensor], threads: int, devices: set) -> None:
         dg = self.grouping
         sg = group(slocals)
         tied: dict[int, tuple[int, int]] = {}
@@ -175,7 +177,7 @@ class CopyPlan:
         dptr = [d.data_ptr() for d in dlocals]
         sptr = [s.data_ptr() for s in slocals]
         nb = [d.nbytes for d in dlocals]
-        batch, devices = [], set()
+        batch = []
         for i, (s, d) in enumerate(zip(slocals, dlocals)):
             if (s.is_cpu and d.is_cpu and s.dtype == d.dtype and s.is_contiguous() and d.is_contiguous()
                     and not (s.is_conj() or s.is_neg() or d.is_conj() or d.is_neg())):
@@ -187,8 +189,22 @@ class CopyPlan:
         keep = refuse_overlap([sptr[i] for i in batch], [nb[i] for i in batch], [dptr[i] for i in batch])
         idx = [batch[k] for k in keep]
         _hostreg.copy_batch([dptr[i] for i in idx], [sptr[i] for i in idx], [nb[i] for i in idx], threads)
-        for dev in devices:
-            torch.get_device_module(dev).synchronize(dev)
+
+
+@contextlib.contextmanager
+def _issuing_on(stream: Any) -> Iterator[set]:
+    """Accelerator copies made inside go on ``stream`` (if any); on leaving, every copy issued
+    (the set collects the source devices) is waited for, also when one of them raised."""
+    devices: set[torch.device] = set()
+    try:
+        with stream if stream is not None else contextlib.nullcontext():
+            yield devices
+    finally:
+        if stream is not None:
+            stream.synchronize()
+        else:
+            for dev in devices:
+                torch.get_device_module(dev).synchronize(dev)
 
 
 def tied_first(g: Grouping, span: int) -> int:

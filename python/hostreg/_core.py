@@ -46,8 +46,9 @@ _CALLERS = frozenset({1, 712, 713})
 _announced = False
 
 
-def _checked(call: str, code: int) -> cudaError:
-    """cudaError of a C call's result, logging the backend once and every failure."""
+def _checked(call: str, code: int, caller_level: int = logging.DEBUG) -> cudaError:
+    """cudaError of a C call's result, logging the backend once and every failure (the
+    caller's own mistakes at ``caller_level``, the environment's at WARNING)."""
     global _announced
     if not _announced:
         _announced = True
@@ -55,7 +56,7 @@ def _checked(call: str, code: int) -> cudaError:
     err = cudaError(code)
     if code:
         _, native, message = _hostreg.last_error()
-        log.log(logging.DEBUG if code in _CALLERS else logging.WARNING, "%s: %s, native %d: %s", call, err, native, message)
+        log.log(caller_level if code in _CALLERS else logging.WARNING, "%s: %s, native %d: %s", call, err, native, message)
     return err
 
 
@@ -89,8 +90,12 @@ def host_register(ptr: int, nbytes: int, flags: int = 0) -> cudaError:
     byte already registered), ``cudaErrorNotSupported`` (flag the backend cannot honour).
     :func:`last_error` then says why. The GIL is released during the call.
     """
+    return _register("cudaHostRegister", ptr, nbytes, flags, logging.DEBUG)
+
+
+def _register(call: str, ptr: int, nbytes: int, flags: int, caller_level: int) -> cudaError:
     code = _hostreg.host_register(_uint(ptr, "ptr"), _uint(nbytes, "nbytes"), _uint(flags, "flags", _U32))
-    return _checked("cudaHostRegister", code)
+    return _checked(call, code, caller_level)
 
 
 def host_unregister(ptr: int) -> cudaError:
@@ -99,7 +104,11 @@ def host_unregister(ptr: int) -> cudaError:
     Returns ``cudaError.success`` or ``cudaErrorHostMemoryNotRegistered`` when ``ptr`` is
     not the base of a live registration. The GIL is released during the call.
     """
-    return _checked("cudaHostUnregister", _hostreg.host_unregister(_uint(ptr, "ptr")))
+    return _unregister("cudaHostUnregister", ptr, logging.DEBUG)
+
+
+def _unregister(call: str, ptr: int, caller_level: int) -> cudaError:
+    return _checked(call, _hostreg.host_unregister(_uint(ptr, "ptr")), caller_level)
 
 
 def host_get_device_pointer(ptr: int, flags: int = 0) -> tuple[cudaError, int]:

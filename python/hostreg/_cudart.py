@@ -8,6 +8,8 @@ and for the calls hostreg cannot serve (profiler, streams, ``cudaMemGetInfo``) a
 
 from __future__ import annotations
 
+import logging
+
 from . import _core, _hostreg
 from ._errors import cudaError as _CudaError
 
@@ -22,15 +24,17 @@ class CudaRuntime:
 
     cudaError = _CudaError
 
+    # Failures through here are logged at WARNING with hostreg's reason, whoever's fault they
+    # are: torch turns the code into a RuntimeError that blames an asynchronous CUDA error.
     @staticmethod
     def cudaHostRegister(ptr: int, size: int, flags: int) -> _CudaError:  # noqa: N802
         """Page-lock ``size`` bytes at address ``ptr``; see :func:`hostreg.host_register`."""
-        return _core.host_register(ptr, size, flags)
+        return _core._register("torch.cuda.cudart().cudaHostRegister", ptr, size, flags, logging.WARNING)
 
     @staticmethod
     def cudaHostUnregister(ptr: int) -> _CudaError:  # noqa: N802
         """Undo the registration based at ``ptr``; see :func:`hostreg.host_unregister`."""
-        return _core.host_unregister(ptr)
+        return _core._unregister("torch.cuda.cudart().cudaHostUnregister", ptr, logging.WARNING)
 
     @staticmethod
     def cudaGetErrorString(error: int) -> str:  # noqa: N802

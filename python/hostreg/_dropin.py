@@ -8,6 +8,12 @@ directly (``docs/pytorch.md``). Without CUDA ``cudart()`` raises
 two cases answer :func:`hostreg.cudart` instead; real CUDA is kept where it works, and every
 other exception (e.g. the ``RuntimeError`` of a bad fork) propagates.
 
+``torch.cuda.check_error`` and ``torch.cuda.CudaError`` read the module global
+``torch.cuda._cudart``, which a CPU build of torch leaves ``None`` (so ``check_error`` raised
+``AttributeError`` even for success, and callers such as DeepSpeed's CUDA accelerator lost
+track of a registration). On such a build :func:`install` sets it to :func:`hostreg.cudart`
+too.
+
 This module imports neither torch nor hostreg's staging code, so ``hostreg.auto`` can
 install the drop-in while torch itself is still being imported.
 """
@@ -65,17 +71,27 @@ def install() -> None:
     Idempotent. Imports torch. After it, ``torch.cuda.cudart()`` returns torch's own
     ``torch._C._cudart`` when that works, and :func:`hostreg.cudart` when torch returns
     ``None`` or raises one of the "no CUDA" ``AssertionError``\\ s; other exceptions
-    propagate unchanged.
+    propagate unchanged. On a torch built without CUDA, ``torch.cuda._cudart`` (read by
+    ``torch.cuda.check_error``) becomes :func:`hostreg.cudart` as well.
     """
     global _original
     if _original is not None:
         return
-    original = _cuda_module().cudart
+    cuda = _cuda_module()
+    original = cuda.cudart
     wrapper = _wrap(original)
     for mod in _targets():
         if getattr(mod, "cudart", None) is original:
             mod.cudart = wrapper
+    if getattr(cuda, "_cudart", False) is None and not _torch_has_cuda():
+        cuda._cudart = _hostreg_cudart()  # for torch.cuda.check_error / CudaError
     _original = original
+
+
+def _torch_has_cuda() -> bool:
+    """This torch was built with CUDA (``torch._C`` binds the CUDA device calls)."""
+    torch_c = sys.modules.get("torch._C")
+    return torch_c is not None and hasattr(torch_c, "_cuda_getDeviceCount")
 
 
 def uninstall() -> None:
@@ -91,6 +107,9 @@ def uninstall() -> None:
         current = getattr(mod, "cudart", None)
         if getattr(current, "__hostreg_original__", None) is _original:
             mod.cudart = _original
+    cuda = _cuda_module()
+    if getattr(cuda, "_cudart", None) is _hostreg_cudart():
+        cuda._cudart = None
     _original = None
     live = _core.stats().registrations
     if live:

@@ -72,8 +72,12 @@ def arena_of(t: torch.Tensor) -> Any:
     """The buffer of the arena tensor ``t`` lives in, or None."""
     if t.device.type != "cpu" or t.layout != torch.strided:
         return None
-    st = t.untyped_storage()
-    return _arena_of(st.data_ptr(), st.nbytes()) if st.nbytes() else None
+    try:
+        st = t.untyped_storage()
+        ptr, nbytes = st.data_ptr(), st.nbytes()
+    except (RuntimeError, NotImplementedError):  # no real storage (a fake or functional tensor)
+        return None
+    return _arena_of(ptr, nbytes) if nbytes else None
 
 
 def storage_view(buf: Any, offset: int, nbytes: int) -> torch.UntypedStorage:

@@ -20,6 +20,7 @@ import gc
 import threading
 import time
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -69,13 +70,26 @@ class Stager:
             save's writer still reads one.
         wait_timeout_s: how long ``stage()`` waits for a busy buffer before raising
             :class:`hostreg.StagingError`.
+        async_staging: ``stage()`` returns a ``Future`` of the staged dict at once; the
+            staging runs in one background thread (needs a torch whose ``dcp.async_save``
+            takes a future, the ones with ``AsyncSaveResponse``; else ``ValueError``). From an accelerator the copies are
+            non-blocking, on a side stream made here, after the work queued on the caller's
+            current stream when ``stage()`` was called; the future resolves once they have
+            landed.
 
-    ``stage()`` raises :class:`hostreg.StagingError` when memory cannot be reserved or locked,
-    ``TypeError`` for state dicts that are not dicts or hold unsupported tensors. Call
+    When the caller may modify the source again: in sync mode, once ``stage()`` (or
+    ``dcp.async_save``) has returned; in async mode, once the future has resolved
+    (``AsyncSaveResponse.staging_completion.result()``, or :meth:`synchronize_staging`).
+    A change made before then may or may not be in the checkpoint, tensor by tensor.
+
+    ``stage()`` raises :class:`hostreg.StagingError` when memory cannot be reserved or locked
+    (or, async, no thread can be started), ``TypeError`` for state dicts that are not dicts or
+    hold unsupported tensors; in async mode only the first is checked at once, the rest is set
+    on the future (and re-raised by :meth:`synchronize_staging`). Call
     :meth:`close` after the last save (DCP does not close a stager it did not create).
     """
 
-    _synchronize_after_execute: bool = False  # stage() returns only once the copy is done
+    _synchronize_after_execute: bool = False  # sync: stage() returns once the copy is done
 
     def __init__(
         self,
@@ -84,45 +98,101 @@ class Stager:
         share_memory: bool = True,
         max_buffers: int = 2,
         wait_timeout_s: float = 600.0,
+        async_staging: bool = False,
     ) -> None:
         if max_buffers < 1:
             raise ValueError(f"max_buffers must be >= 1, got {max_buffers}")
+        if async_staging and not _async_save_takes_futures():
+            raise ValueError(f"async_staging needs a torch whose dcp.async_save takes a Future (AsyncSaveResponse); torch {torch.__version__} has none")
         self.pin_memory = pin_memory
         self.share_memory = share_memory
         self.max_buffers = max_buffers
         self.wait_timeout_s = wait_timeout_s
         self._pool: list[_Buffer] = []
-        self._closed = False
+        self._closed = False  # no new stage()
+        self._released = False  # the arenas are gone
         self._lock = threading.Lock()  # stage() and close() from several threads take turns
         self.arenas_created = 0  #: how many arenas this stager has made (for tests, benchmarks)
+        self.async_staging = async_staging
+        self._executor: ThreadPoolExecutor | None = None
+        self._future: Future | None = None
+        self._stream: Any = None
+        if async_staging and _accelerator_available():
+            # Made on the caller's thread, as DCP's DefaultStager does: a stream of its own,
+            # never the caller's compute stream.
+            self._stream = torch.Stream()
 
     @property
     def should_synchronize_after_execute(self) -> bool:
         return self._synchronize_after_execute
 
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        """Copy ``state_dict`` into staging memory and return the staged copy."""
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | Future:
+        """Copy ``state_dict`` into staging memory; returns the staged copy (a new dict of new
+        tensors over the buffer), or with ``async_staging`` a ``Future`` of it."""
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict, not {type(state_dict).__name__}")
+        if self._closed:
+            raise RuntimeError("Stager.stage() after close()")
+        if not self.async_staging:
+            return self._stage_now(state_dict, None)
+        ready = None
+        if self._stream is not None:  # the copies start after the work queued so far
+            ready = torch.Event()
+            ready.record()
         with self._lock:
             if self._closed:
                 raise RuntimeError("Stager.stage() after close()")
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hostreg-stager")
+            try:
+                future = self._executor.submit(self._stage_now, state_dict, ready)
+            except RuntimeError as e:  # no thread to be had (a thread limit): nothing was staged
+                # The work item sits queued in that executor: drop it with the executor, so
+                # that no later thread stages this state dict after all.
+                executor, self._executor = self._executor, None
+                executor.shutdown(wait=False, cancel_futures=True)
+                raise StagingError(f"cannot start the staging thread: {e}") from e
+            # Kept for synchronize_staging(): its completion only, not the staged dict (which
+            # would keep the buffer busy until the next stage()).
+            done: Future = Future()
+            future.add_done_callback(lambda f: _settle(done, f))
+            self._future = done
+        return future
+
+    def _stage_now(self, state_dict: dict[str, Any], ready: Any) -> dict[str, Any]:
+        with self._lock:
+            if self._released:
+                raise RuntimeError("Stager.stage() after close()")
             layout, tensors, values = layout_of(state_dict)
             buf = self._acquire(layout.key, state_dict)
-            buf.plan.copy(tensors)
+            if ready is not None and self._stream is not None:
+                self._stream.wait_event(ready)
+            buf.plan.copy(tensors, stream=self._stream)
             return buf.issue(values)
 
     def synchronize_staging(self) -> None:
-        """Nothing to wait for: :meth:`stage` is synchronous."""
+        """Wait until the last :meth:`stage` call's copy is done (re-raising its failure); after
+        it the source may be modified. Nothing to wait for in sync mode."""
+        future = self._future
+        if future is not None:
+            future.result()
 
     def close(self) -> None:
-        """Unregister and release every arena. Idempotent. Tensors still held elsewhere stay
-        valid (no longer page-locked) until they are gone."""
+        """Wait for staging in progress, then unregister and release every arena. Idempotent.
+        A staging still waiting for a free buffer then fails (``RuntimeError``, on its future in
+        async mode). Tensors still held elsewhere stay valid (no longer page-locked) until
+        they are gone."""
+        self._closed = True  # no stage() from here on; a staging waiting for a buffer gives up
+        with self._lock:  # what was submitted and is copying still runs to the end
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
         with self._lock:
+            self._future = None
             for b in self._pool:
                 b.close()
             self._pool.clear()
-            self._closed = True
+            self._released = True
 
     def _acquire(self, sig: tuple, state_dict: dict[str, Any]) -> _Buffer:
         start = time.monotonic()
@@ -152,9 +222,34 @@ class Stager:
                 self._pool.append(buf)
                 self.arenas_created += 1
                 return buf
+            if self._closed:
+                raise RuntimeError("Stager.close() while this staging waited for a free buffer")
             if waited > self.wait_timeout_s:
                 raise StagingError(
                     f"all {self.max_buffers} staging buffers are still in use by earlier saves' writers after "
                     f"{self.wait_timeout_s:g} s; wait for the previous save's future, or raise max_buffers"
                 )
             time.sleep(0.01)
+
+
+def _settle(done: Future, f: Future) -> None:
+    err = f.exception()
+    if err is not None:
+        done.set_exception(err)
+    else:
+        done.set_result(None)
+
+
+def _accelerator_available() -> bool:
+    acc = getattr(torch, "accelerator", None)  # torch >= 2.6
+    return bool(acc is not None and acc.is_available())
+
+
+def _async_save_takes_futures() -> bool:
+    """torch's ``dcp.async_save`` accepts a stager whose ``stage()`` returns a Future (it came
+    with ``AsyncSaveResponse``, torch 2.7)."""
+    try:
+        from torch.distributed.checkpoint import state_dict_saver
+    except ImportError:
+        return False
+    return hasattr(state_dict_saver, "AsyncSaveResponse")

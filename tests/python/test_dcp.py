@@ -7,22 +7,19 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
+import threading
 import time
-import traceback
-import warnings
-from datetime import timedelta
+from concurrent.futures import Future
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint import state_dict_saver
 from torch.distributed.checkpoint.staging import AsyncStager
 
 import hostreg
 import hostreg.torch as ht
+from ranks import run_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -222,13 +219,156 @@ def test_stage_rejects_non_dict(stager):
     assert stager.arenas_created == 0
 
 
+# ---- async staging ---------------------------------------------------------------------------
+
+
+def test_async_staging_returns_a_future_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    stager = ht.Stager(async_staging=True)
+    try:
+        sd = dict(model.state_dict())  # a dict, as async_save passes (the same structure: one arena)
+        want = snapshot(sd)
+        fut = stager.stage(sd)
+        assert isinstance(fut, Future)
+        staged = fut.result(timeout=60)
+        mutate(model, 3)  # after the future resolved: the staged copy must not change
+        assert_same(snapshot(staged), want)
+        del staged, fut
+        res = dcp.async_save(model.state_dict(), checkpoint_id=str(tmp_path / "a"), async_stager=stager, no_dist=True)
+        assert isinstance(res, state_dict_saver.AsyncSaveResponse)
+        want = snapshot(model.state_dict())
+        res.staging_completion.result(timeout=60)
+        mutate(model, 4)
+        res.upload_completion.result(timeout=60)
+        assert_same(load(tmp_path / "a", want), want)
+        assert stager.arenas_created == 1
+        stager.synchronize_staging()
+    finally:
+        stager.close()
+
+
+def test_async_staging_failure_is_set_on_the_future():
+    stager = ht.Stager(async_staging=True)
+    try:
+        fut = stager.stage({"q": torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)})
+        with pytest.raises(TypeError, match="quantized"):
+            fut.result(timeout=60)
+        with pytest.raises(TypeError, match="quantized"):
+            stager.synchronize_staging()
+        assert stager.arenas_created == 0
+        ok = stager.stage({"w": torch.ones(5)}).result(timeout=60)  # the stager still works
+        assert torch.equal(ok["w"], torch.ones(5))
+        del ok
+    finally:
+        stager.close()
+
+
+def test_async_close_waits_for_staging_in_progress():
+    stager = ht.Stager(async_staging=True)
+    futs = [stager.stage({"w": torch.full((1 << 16,), float(i))}) for i in range(2)]
+    stager.close()  # lets what was submitted finish, then releases the arenas
+    for i, f in enumerate(futs):
+        assert torch.equal(f.result(timeout=0)["w"], torch.full((1 << 16,), float(i)))
+    assert hostreg.stats().registrations == 0
+    with pytest.raises(RuntimeError, match="after close"):
+        stager.stage({"w": torch.ones(3)})
+    del futs
+    gc.collect()
+
+
+def test_close_ends_a_staging_waiting_for_a_buffer():
+    stager = ht.Stager(async_staging=True, max_buffers=1)
+    held = stager.stage({"w": torch.ones(8)}).result(timeout=60)  # its buffer stays busy
+    waiting = stager.stage({"w": torch.zeros(8)})
+    time.sleep(0.3)
+    assert not waiting.done()
+    t0 = time.monotonic()
+    stager.close()
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(RuntimeError, match="waited for a free buffer"):
+        waiting.result(timeout=0)
+    assert torch.equal(held["w"], torch.ones(8))
+    del held
+    gc.collect()
+
+
+def test_async_staging_without_a_thread_raises_staging_error(monkeypatch):
+    stager = ht.Stager(async_staging=True)
+    try:
+        def refuse(self):
+            raise RuntimeError("can't start new thread")
+
+        with monkeypatch.context() as m:
+            m.setattr(threading.Thread, "start", refuse)
+            with pytest.raises(hostreg.StagingError, match="staging thread"):
+                stager.stage({"w": torch.ones(3)})
+        assert stager.arenas_created == 0
+        staged = stager.stage({"w": torch.full((3,), 2.0)}).result(timeout=60)  # threads again: works
+        assert torch.equal(staged["w"], torch.full((3,), 2.0)) and stager.arenas_created == 1
+        del staged
+    finally:
+        stager.close()
+
+
+# ---- DCP's own stager through the drop-in -------------------------------------------------------
+
+
+@pytest.fixture
+def ascend_state(monkeypatch):
+    """What torch_npu's ``transfer_to_npu`` leaves a CPU build of torch with:
+    ``torch.cuda.cudart()`` returns None; with hostreg's drop-in installed. (Its other half,
+    ``torch.cuda.is_available()`` True, each test sets while it makes the stager: with it set,
+    DCP's writer would use the device's streams, which a CPU stand-in does not have.)"""
+    ht.uninstall()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: None)
+    ht.install()
+    yield
+    gc.collect()  # PyTorch's finalizers unpin through torch.cuda.cudart(): while installed
+    ht.uninstall()
+
+
+@pytest.mark.parametrize("options", ["StagingOptions(True, True, False, False)", "StagingOptions()"])
+def test_default_stager_pins_through_the_dropin(ascend_state, options, monkeypatch, tmp_path):
+    staging = pytest.importorskip("torch.distributed.checkpoint.staging")
+    if not hasattr(staging, "DefaultStager"):
+        pytest.skip("this torch has no DefaultStager")
+    opts = eval(options, {"StagingOptions": staging.StagingOptions})
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)  # the NPU's answer under transfer_to_npu
+        if options == "StagingOptions()":
+            # Async staging with non-blocking copies wants an accelerator; the NPU's stand-in is
+            # the CPU (a CPU stream, copies that are plain copies). The pinning is real.
+            m.setattr(torch.accelerator, "is_available", lambda: True)
+        stager = staging.DefaultStager(opts)
+    torch.manual_seed(0)
+    model = Net()
+    want = snapshot(model.state_dict())
+    gc.collect()
+    regs0, locked0 = hostreg.stats().registrations, hostreg.locked_bytes()
+    try:
+        staged = stager.stage(model.state_dict())
+        if isinstance(staged, Future):
+            staged = staged.result(timeout=60)
+        assert_same(snapshot(staged), want)
+        pinned = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in staged.values()
+                  if t.untyped_storage().nbytes() >= 5}  # StateDictStager pins storages of >= 5 bytes
+        assert pinned and all(hostreg.registration(p) is not None for p in pinned), "a storage was not registered"
+        assert hostreg.stats().registrations - regs0 == len(pinned)
+        assert hostreg.locked_bytes() - locked0 >= sum(pinned.values()), "VmLck did not rise: nothing locked"
+        del staged
+        res = dcp.async_save(model.state_dict(), checkpoint_id=str(tmp_path / "d"), async_stager=stager, no_dist=True)
+        (res.upload_completion if hasattr(res, "upload_completion") else res).result(timeout=120)
+        del res
+        assert_same(load(tmp_path / "d", want), want)
+    finally:
+        stager.close()
+    del stager  # its last staging future keeps that staged dict (pinned) even after close()
+    gc.collect()
+    assert hostreg.stats().registrations == regs0 and hostreg.locked_bytes() == locked0
+
+
 # ---- two ranks over gloo -----------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_state_dict(rank: int) -> dict:
@@ -254,78 +394,31 @@ def assert_rank_same(a: dict, b: dict) -> None:
             assert torch.equal(a[k], b[k]), k
 
 
-def _rank_main(rank: int, world: int, port: int, path: str, mode: str, q) -> None:
-    try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-        warnings.filterwarnings("ignore")
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
-        )
-        stager = ht.Stager()
-        sd = rank_state_dict(rank)
-        want = {"model": snapshot(sd["model"]), **{k: v.clone() for k, v in sd.items() if k != "model"}}
-        if mode == "thread":
-            for i in range(3):
-                dcp.async_save(sd, checkpoint_id=f"{path}/t{i}", async_stager=stager).result(timeout=120)
-            assert stager.arenas_created == 1 and hostreg.stats().registrations == 1
-            assert_rank_same(load_rank(f"{path}/t2", sd), want)
-        else:
-            kind = state_dict_saver.AsyncCheckpointerType.PROCESS
-            res = dcp.async_save(sd, checkpoint_id=f"{path}/p", async_stager=stager, async_checkpointer_type=kind)
-            res.result(timeout=120)
-            from torch.distributed.checkpoint import _async_process_executor as ape
+def _rank_main(rank: int, world: int, path: str, mode: str) -> None:
+    stager = ht.Stager()
+    sd = rank_state_dict(rank)
+    want = {"model": snapshot(sd["model"]), **{k: v.clone() for k, v in sd.items() if k != "model"}}
+    if mode == "thread":
+        for i in range(3):
+            dcp.async_save(sd, checkpoint_id=f"{path}/t{i}", async_stager=stager).result(timeout=120)
+        assert stager.arenas_created == 1 and hostreg.stats().registrations == 1
+        assert_rank_same(load_rank(f"{path}/t2", sd), want)
+    else:
+        kind = state_dict_saver.AsyncCheckpointerType.PROCESS
+        res = dcp.async_save(sd, checkpoint_id=f"{path}/p", async_stager=stager, async_checkpointer_type=kind)
+        res.result(timeout=120)
+        from torch.distributed.checkpoint import _async_process_executor as ape
 
-            assert ape._CHECKPOINT_PROCESS is not None, "the background-process checkpointer did not run"
-            assert ape._CHECKPOINT_PROCESS._save_process.pid != os.getpid()
-            assert stager.arenas_created == 1 and hostreg.stats().registrations == 1
-            assert_rank_same(load_rank(f"{path}/p", sd), want)
-        stager.close()
-        assert hostreg.stats().registrations == 0 and hostreg.locked_bytes() == 0
-        dist.barrier()
-        dist.destroy_process_group()
-        q.put((rank, None))
-    except BaseException:
-        q.put((rank, traceback.format_exc()))
-
-
-def run_ranks(tmp_path, mode: str, world: int = 2, timeout: float = 180) -> None:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(tmp_path), mode, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(results) < world:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                rank, err = q.get(timeout=min(left, 5))
-                results[rank] = err
-            except Exception:  # queue.Empty: check the ranks are still alive
-                if any(p.exitcode not in (None, 0) for p in procs) and q.empty():
-                    time.sleep(1)
-                    if q.empty():
-                        break
-        for p in procs:
-            p.join(timeout=max(1, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-        q.close()
-    errors = {r: e for r, e in results.items() if e}
-    assert not errors, "\n".join(f"rank {r}:\n{e}" for r, e in errors.items())
-    assert len(results) == world, f"ranks reported {sorted(results)}; exit codes {[p.exitcode for p in procs]}"
-    assert [p.exitcode for p in procs] == [0] * world
+        assert ape._CHECKPOINT_PROCESS is not None, "the background-process checkpointer did not run"
+        assert ape._CHECKPOINT_PROCESS._save_process.pid != os.getpid()
+        assert stager.arenas_created == 1 and hostreg.stats().registrations == 1
+        assert_rank_same(load_rank(f"{path}/p", sd), want)
+    stager.close()
+    assert hostreg.stats().registrations == 0 and hostreg.locked_bytes() == 0
 
 
 def test_two_ranks_async_save_and_load(tmp_path):
-    run_ranks(tmp_path, "thread")
+    run_ranks(_rank_main, (str(tmp_path), "thread"), timeout=180)
 
 
 @pytest.mark.skipif(
@@ -333,4 +426,4 @@ def test_two_ranks_async_save_and_load(tmp_path):
     reason="this torch has no AsyncCheckpointerType.PROCESS",
 )
 def test_two_ranks_background_process_checkpointer(tmp_path):
-    run_ranks(tmp_path, "process")
+    run_ranks(_rank_main, (str(tmp_path), "process"), timeout=180)

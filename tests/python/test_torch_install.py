@@ -124,3 +124,41 @@ def test_pin_memory_utils_work_through_the_dropin(buf: Buffer):
             pmu.unpin_memory(buf.addr)
     finally:
         ht.uninstall()
+
+
+def test_check_error_works_after_install():
+    """torch.cuda.check_error reads torch.cuda._cudart, None on a CPU build: without the
+    drop-in even success raises AttributeError."""
+    ht.uninstall()
+    if torch.cuda._cudart is not None:
+        pytest.skip("this torch has its own CUDA runtime")
+    with pytest.raises(AttributeError):
+        torch.cuda.check_error(0)
+    ht.install()
+    try:
+        torch.cuda.check_error(0)
+        with pytest.raises(torch.cuda.CudaError, match=r"\(712\)"):
+            torch.cuda.check_error(712)
+    finally:
+        ht.uninstall()
+    assert torch.cuda._cudart is None
+
+
+def test_failed_registration_through_the_dropin_is_logged_as_warning(buf: Buffer, caplog):
+    ht.install()
+    try:
+        rt = torch.cuda.cudart()
+        assert rt.cudaHostRegister(buf.addr, buf.nbytes, 1) == 0
+        with caplog.at_level("WARNING", logger="hostreg"):
+            code = rt.cudaHostRegister(buf.addr + 4096, 4096, 1)  # inside the registration
+        assert code == 712
+        warned = [r for r in caplog.records if r.levelname == "WARNING" and r.name == "hostreg"]
+        assert warned and "cudaHostRegister" in warned[0].getMessage() and "712" in warned[0].getMessage()
+        assert hostreg.last_error().message in warned[0].getMessage()  # hostreg's reason, not just the code
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hostreg"):
+            assert hostreg.host_register(buf.addr + 4096, 4096) == 712  # hostreg's own API: the caller's mistake, DEBUG
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+        assert rt.cudaHostUnregister(buf.addr) == 0
+    finally:
+        ht.uninstall()
