@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch
 
 from . import _hostreg
-from ._layout import Grouping, group, local_of
+from ._layout import Grouping, group, local_of, touched
 
 
 def _span_ptrs(locals_: list[torch.Tensor], g: Grouping) -> list[int]:
@@ -38,32 +38,45 @@ def _leaf_key(t: torch.Tensor) -> tuple:
     return (t.dtype, t.shape, t.stride(), t.device)
 
 
-def refuse_overlap(sptrs: list[int], nbytes: list[int], dptrs: list[int]) -> list[int]:
-    """The indices to copy: ValueError when a source's bytes overlap any destination's (as
-    ``Tensor.copy_`` refuses partial overlap; a memcpy would read bytes it already
-    overwrote). A span copied onto exactly itself is skipped (nothing to copy). O(n) when no
-    source falls inside the destinations' extent (the usual case: they are one arena), else a
-    sweep."""
-    live = [i for i, n in enumerate(nbytes) if n and sptrs[i] != dptrs[i]]
+Range = tuple[int, int]  # [start, end) addresses
+
+
+def refuse_overlap(src: list[Range], dst: list[Range], same: list[bool] | None = None) -> list[int]:
+    """The indices of the pairs to copy, pair i being the bytes ``src[i]`` into ``dst[i]``:
+    ValueError when any source range overlaps any destination range (``Tensor.copy_`` refuses
+    partial overlap; copies in any order would read bytes already overwritten). A pair that is
+    its own destination exactly (``same[i]``; by default equal ranges) is skipped: nothing to
+    copy. O(n) when no source falls inside the destinations' extent (the usual case: they are
+    one arena), else a sweep."""
+    live = [i for i, (s, d) in enumerate(zip(src, dst)) if s[1] > s[0] and not (same[i] if same is not None else s == d)]
     if not live:
         return live
-    lo = min(dptrs[i] for i in live)
-    hi = max(dptrs[i] + nbytes[i] for i in live)
-    if not any(sptrs[i] < hi and sptrs[i] + nbytes[i] > lo for i in live):
+    lo = min(dst[i][0] for i in live)
+    hi = max(dst[i][1] for i in live)
+    if not any(src[i][0] < hi and src[i][1] > lo for i in live):
         return live
-    events = sorted([(sptrs[i], sptrs[i] + nbytes[i], "s", i) for i in live] + [(dptrs[i], dptrs[i] + nbytes[i], "d", i) for i in live])
+    events = sorted([(*src[i], "s", i) for i in live] + [(*dst[i], "d", i) for i in live])
     furthest = {"s": (0, -1), "d": (0, -1)}  # furthest end seen so far of each kind, and whose
     for start, end, kind, i in events:
         other = "d" if kind == "s" else "s"
         if furthest[other][0] > start:
             s_i, d_i = (i, furthest[other][1]) if kind == "s" else (furthest[other][1], i)
             raise ValueError(
-                f"source span {s_i} overlaps destination span {d_i}: copying would read bytes already "
+                f"source {s_i} overlaps destination {d_i}: copying would read bytes already "
                 "overwritten (unsupported, as with Tensor.copy_)"
             )
         if end > furthest[kind][0]:
             furthest[kind] = (end, i)
     return live
+
+
+def _extent(t: torch.Tensor) -> Range:
+    """The bytes t's elements lie in (empty for an empty tensor)."""
+    if t.numel() == 0:
+        return (0, 0)
+    base = t.untyped_storage().data_ptr()
+    first, end = touched(t)
+    return (base + first, base + end)
 
 
 class CopyPlan:
@@ -101,10 +114,18 @@ class CopyPlan:
         return [local_of(t) for t in self.dst]
 
     def still_valid(self) -> bool:
-        """The destinations still live where the plan says (no ``.data =``, ``set_`` or
-        ``share_memory_()`` moved one)."""
-        dlocals = self._dst_locals()
-        return list(map(id, dlocals)) == self.dids and _span_ptrs(dlocals, self.grouping) == self.dptrs
+        """The destinations still live where, and are laid out as, the plan says (no
+        ``.data =``, ``set_``, ``t_()`` or ``share_memory_()`` changed one)."""
+        return self._unchanged(self._dst_locals())
+
+    def _unchanged(self, dlocals: list[torch.Tensor]) -> bool:
+        # The same tensor objects, at the same addresses, with the same dtypes, shapes and
+        # strides (t_(), .data = a view as another dtype, set_() change them in place).
+        return (
+            list(map(id, dlocals)) == self.dids
+            and _span_ptrs(dlocals, self.grouping) == self.dptrs
+            and [_leaf_key(t) for t in dlocals] == self.dkeys
+        )
 
     def copy(self, src: list[torch.Tensor], threads: int = 0, stream: Any = None) -> None:
         """Copy ``src`` leaf by leaf (pairwise) into the destinations, wherever they are now.
@@ -114,8 +135,8 @@ class CopyPlan:
         if len(src) != len(self.ids):
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.ids)}")
         dlocals = self._dst_locals()
-        if list(map(id, dlocals)) != self.dids or _span_ptrs(dlocals, self.grouping) != self.dptrs:
-            self._measure(dlocals)  # a destination was replaced or moved: measure again
+        if not self._unchanged(dlocals):
+            self._measure(dlocals)  # a destination was replaced, moved or reshaped: measure again
             self._src_key = None
         slocals = [local_of(t) for t in src]
         key = [(t.untyped_storage().data_ptr(), t.storage_offset(), *_leaf_key(t)) for t in slocals]
@@ -142,7 +163,9 @@ class CopyPlan:
         nbytes = [n for _, n in g.spans]
         first = _first_leaf(g)
         cpu = [s for s in range(len(nbytes)) if not g.own[s] and self.span_cpu[s] and slocals[first[s]].is_cpu]
-        keep = refuse_overlap([sptrs[s] for s in cpu], [nbytes[s] for s in cpu], [self.dptrs[s] for s in cpu])
+        keep = refuse_overlap(
+            [(sptrs[s], sptrs[s] + nbytes[s]) for s in cpu], [(self.dptrs[s], self.dptrs[s] + nbytes[s]) for s in cpu]
+        )
         batch = [cpu[k] for k in keep]
         _hostreg.copy_batch([self.dptrs[s] for s in batch], [sptrs[s] for s in batch], [nbytes[s] for s in batch], threads)
         on_cpu = set(cpu)
@@ -174,11 +197,19 @@ class CopyPlan:
         for i, (s, d) in enumerate(zip(slocals, dlocals)):
             if s.shape != d.shape:
                 raise ValueError(f"tensor {i}: source shape {tuple(s.shape)} != destination {tuple(d.shape)}")
-        dptr = [d.data_ptr() for d in dlocals]
-        sptr = [s.data_ptr() for s in slocals]
-        nb = [d.nbytes for d in dlocals]
+        # Every CPU pair is checked before anything is copied: a source that is another pair's
+        # destination would otherwise be read before or after it is written, by order.
+        cpu = [i for i, (s, d) in enumerate(zip(slocals, dlocals)) if s.is_cpu and d.is_cpu]
+        same = [
+            slocals[i].data_ptr() == dlocals[i].data_ptr() and _leaf_key(slocals[i]) == _leaf_key(dlocals[i])
+            and slocals[i].is_conj() == dlocals[i].is_conj() and slocals[i].is_neg() == dlocals[i].is_neg()
+            for i in cpu
+        ]
+        copy = set(cpu[k] for k in refuse_overlap([_extent(slocals[i]) for i in cpu], [_extent(dlocals[i]) for i in cpu], same))
         batch = []
         for i, (s, d) in enumerate(zip(slocals, dlocals)):
+            if s.is_cpu and d.is_cpu and i not in copy:
+                continue  # empty, or its own destination
             if (s.is_cpu and d.is_cpu and s.dtype == d.dtype and s.is_contiguous() and d.is_contiguous()
                     and not (s.is_conj() or s.is_neg() or d.is_conj() or d.is_neg())):
                 batch.append(i)
@@ -186,9 +217,8 @@ class CopyPlan:
                 d.copy_(s, non_blocking=not s.is_cpu)
                 if not s.is_cpu:
                     devices.add(s.device)
-        keep = refuse_overlap([sptr[i] for i in batch], [nb[i] for i in batch], [dptr[i] for i in batch])
-        idx = [batch[k] for k in keep]
-        _hostreg.copy_batch([dptr[i] for i in idx], [sptr[i] for i in idx], [nb[i] for i in idx], threads)
+        _hostreg.copy_batch([dlocals[i].data_ptr() for i in batch], [slocals[i].data_ptr() for i in batch],
+                            [dlocals[i].nbytes for i in batch], threads)
 
 
 @contextlib.contextmanager

@@ -13,13 +13,21 @@ reducers for tensors with ``multiprocessing.reduction.ForkingPickler``: a tensor
 shared arena is sent as (arena, offset, shape, dtype, stride), and the arena itself as a
 duplicate of its file descriptor, once per message however many tensors view it (the
 pickler's memo). The receiving process maps the same file (``StagingBuffer`` attach) and
-rebuilds the tensors over it, storage sharing included. Any other tensor goes to torch's own
-reducer unchanged.
+rebuilds the tensors over it, storage sharing included; a storage of an arena is sent the
+same way. Any other tensor or storage goes to torch's own reducer unchanged, and so do
+tensors torch refuses to send (a non-leaf that requires grad, a named tensor).
+
+Limits, as with torch's own ``file_descriptor`` strategy: when a message fails to pickle after
+an arena was reduced, the descriptor duplicated for the receiver stays with
+``multiprocessing``'s resource sharer (and the arena's memory with it) until this process
+exits. ``Tensor.share_memory_()`` on a staged tensor moves it out of the arena into memory of
+torch's (``is_shared()`` is False for staged tensors: torch does not know the arena's memory);
+staged tensors need no ``share_memory_()``, they are shared already.
 """
 
 from __future__ import annotations
 
-import bisect
+import os
 import threading
 import weakref
 from typing import Any
@@ -28,44 +36,33 @@ import torch
 
 from . import _hostreg
 
+# Which arena an address lies in is answered by the extension (``_hostreg.arena_of``): its
+# index of live buffers changes only inside C++ calls, with the GIL held, so no Python
+# exception (a KeyboardInterrupt), garbage collection or fork() can find it half-updated or
+# locked. The lock here guards only the one-time install of the reducers.
 _lock = threading.Lock()
-_starts: list[int] = []  # sorted start addresses of live arenas in this process
-_arenas: dict[int, weakref.ref] = {}  # start address -> the arena's StagingBuffer
 _installed = False
 _torch_reducers: dict[type, Any] = {}
 
 
-def _forget(start: int) -> None:
-    with _lock:
-        if start in _arenas and _arenas[start]() is None:
-            del _arenas[start]
-            _starts.pop(bisect.bisect_left(_starts, start))
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held the lock at fork(): it is never released here.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def track(buf: Any) -> None:
-    """Remember an arena's buffer (weakly): its tensors can be found in it (:func:`arena_of`),
-    and, when it is shared memory, are sent to other processes by file."""
-    start: int = buf.data_ptr
-
-    def gone(_ref: weakref.ref) -> None:
-        _forget(start)
-
-    with _lock:
-        _arenas[start] = weakref.ref(buf, gone)
-        bisect.insort(_starts, start)
+    """A new arena's buffer: its tensors are sent to other processes by file from now on
+    (installs the reducers). The buffer itself is known to :func:`arena_of` from its creation."""
     _install()
 
 
 def _arena_of(ptr: int, nbytes: int) -> Any:
     """The live arena holding [ptr, ptr + nbytes), or None."""
-    with _lock:
-        i = bisect.bisect_right(_starts, ptr) - 1
-        if i < 0:
-            return None
-        buf = _arenas[_starts[i]]()
-    if buf is None or ptr + nbytes > buf.data_ptr + buf.size:
-        return None
-    return buf
+    return _hostreg.arena_of(ptr, nbytes)
 
 
 def arena_of(t: torch.Tensor) -> Any:
@@ -117,8 +114,14 @@ def _attach(dup: Any, size: int) -> Any:
     return buf
 
 
+def _named(t: torch.Tensor) -> bool:
+    has_names = getattr(t, "has_names", None)  # named tensors: gone from newer torch
+    return bool(has_names is not None and has_names())
+
+
 def _reduce_tensor(t: torch.Tensor) -> tuple:
-    if type(t) in (torch.Tensor, torch.nn.Parameter):
+    # What torch refuses to send (a non-leaf that requires grad, a named tensor), it refuses.
+    if type(t) in (torch.Tensor, torch.nn.Parameter) and not (t.requires_grad and not t.is_leaf) and not _named(t):
         buf = arena_of(t)
         if buf is not None and buf.fd >= 0:  # shared memory: sent by file
             st = t.untyped_storage()
@@ -132,18 +135,33 @@ def _reduce_tensor(t: torch.Tensor) -> tuple:
 _rebuilt: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _rebuild_tensor(buf: Any, meta: tuple, requires_grad: bool, parameter: bool) -> torch.Tensor:
-    offset, nbytes, dtype, shape, stride, storage_offset = meta
+def _storage_at(buf: Any, offset: int, nbytes: int) -> torch.UntypedStorage:
     storages = _rebuilt.setdefault(buf, weakref.WeakValueDictionary())  # entries live with their tensors
     storage = storages.get((offset, nbytes))
     if storage is None:
         storage = storage_view(buf, offset, nbytes)
         storages[(offset, nbytes)] = storage
+    return storage
+
+
+def _rebuild_tensor(buf: Any, meta: tuple, requires_grad: bool, parameter: bool) -> torch.Tensor:
+    offset, nbytes, dtype, shape, stride, storage_offset = meta
+    storage = _storage_at(buf, offset, nbytes)
     t = torch.empty(0, dtype=dtype).set_(storage, storage_offset, shape, stride)
     if parameter:
         return torch.nn.Parameter(t, requires_grad=requires_grad)
     t.requires_grad_(requires_grad)
     return t
+
+
+def _reduce_storage(st: torch.UntypedStorage) -> tuple:
+    """A storage inside a shared arena goes by file, as its tensors do (torch's reducer would
+    copy it into new shared memory and move it out of the arena)."""
+    if st.device.type == "cpu" and st.nbytes():
+        buf = _arena_of(st.data_ptr(), st.nbytes())
+        if buf is not None and buf.fd >= 0:
+            return (_storage_at, (buf, st.data_ptr() - buf.data_ptr, st.nbytes()))
+    return _torch_reducers[torch.UntypedStorage](st)
 
 
 def _install() -> None:
@@ -160,5 +178,8 @@ def _install() -> None:
         for cls in (torch.Tensor, torch.nn.Parameter):
             _torch_reducers[cls] = ForkingPickler._extra_reducers[cls]  # type: ignore[attr-defined]
             ForkingPickler.register(cls, _reduce_tensor)
+        # Typed storages reduce to their untyped storage, which then comes here.
+        _torch_reducers[torch.UntypedStorage] = ForkingPickler._extra_reducers[torch.UntypedStorage]  # type: ignore[attr-defined]
+        ForkingPickler.register(torch.UntypedStorage, _reduce_storage)
         ForkingPickler.register(_hostreg.StagingBuffer, _reduce_buffer)
         _installed = True

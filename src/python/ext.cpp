@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +34,15 @@ RegTuple to_tuple(const hostregRegistration& r) {
     return {as_int(r.base), r.bytes, r.flags, as_int(r.device_ptr), r.backend};
 }
 
+// The staging buffers alive in this process, by first byte, each with its Python object
+// (borrowed: an entry goes when that object is destroyed). arena_of() finds the buffer a
+// tensor's bytes lie in from here. Guarded by the GIL (every use holds it and none releases
+// it), so no Python exception, garbage collection or fork() can find it half-updated or locked.
+std::map<uintptr_t, PyObject*>& live_buffers() {
+    static auto* live = new std::map<uintptr_t, PyObject*>();  // never destroyed: used until exit
+    return *live;
+}
+
 // The staging buffer the C ABI hands out, owned by a Python object: released when that object
 // goes (and with it the last tensor viewing the buffer, each of which holds a reference), or
 // unregistered earlier by unregister(). Python never sees a raw handle.
@@ -41,7 +51,10 @@ public:
     explicit StagingBuffer(hostregStagingBuffer* b) : b_(b) {}
     StagingBuffer(const StagingBuffer&) = delete;
     StagingBuffer& operator=(const StagingBuffer&) = delete;
-    ~StagingBuffer() { hostregStagingBufferDestroy(b_); }
+    ~StagingBuffer() {
+        live_buffers().erase(data_ptr());
+        hostregStagingBufferDestroy(b_);
+    }
     uintptr_t data_ptr() const { return as_int(hostregStagingBufferData(b_)); }
     size_t size() const { return hostregStagingBufferSize(b_); }
     int fd() const { return hostregStagingBufferFd(b_); }
@@ -108,7 +121,45 @@ void capsule_gone(PyObject* capsule) {
     }
 }
 
+// The Python object owning b (None for a null b), entered in live_buffers().
+nb::object own(hostregStagingBuffer* b) {
+    if (!b) {
+        return nb::none();
+    }
+    auto holder = std::make_unique<StagingBuffer>(b);
+    nb::object obj = nb::cast(holder.get(), nb::rv_policy::take_ownership);
+    holder.release();  // the Python object owns it now
+    live_buffers()[as_int(hostregStagingBufferData(b))] = obj.ptr();
+    return obj;
+}
+
+// The live staging buffer holding [ptr, ptr + nbytes), or None.
+nb::object arena_of(uintptr_t ptr, size_t nbytes) {
+    auto& live = live_buffers();
+    auto it = live.upper_bound(ptr);
+    if (it == live.begin()) {
+        return nb::none();
+    }
+    --it;
+    PyObject* obj = it->second;
+    if (Py_REFCNT(obj) <= 0) {  // being destroyed (its weak references are being cleared)
+        return nb::none();
+    }
+    const auto& buf = nb::cast<const StagingBuffer&>(nb::handle(obj));
+    if (nbytes > buf.size() || ptr - it->first > buf.size() - nbytes) {
+        return nb::none();
+    }
+    return nb::borrow(obj);
+}
+
+// Refuses (ValueError) a range that is not inside the buffer: a view past its end would read
+// and write memory the buffer does not own.
 nb::object bytes_view(nb::handle owner, uintptr_t ptr, size_t nbytes) {
+    const auto& buf = nb::cast<const StagingBuffer&>(owner);
+    const uintptr_t begin = buf.data_ptr();
+    if (ptr < begin || nbytes > buf.size() || ptr - begin > buf.size() - nbytes) {
+        throw nb::value_error("bytes_view: the range is not inside the staging buffer");
+    }
     auto* v = new BytesView{};
     v->shape[0] = static_cast<int64_t>(nbytes);
     v->owner = owner.ptr();
@@ -228,7 +279,7 @@ NB_MODULE(_hostreg, m) {
                 nb::gil_scoped_release nogil;
                 code = hostregStagingBufferCreate(nbytes, shared, pin, flags, max_chunk, &b);
             }
-            return std::make_tuple(code, b ? std::make_unique<StagingBuffer>(b) : nullptr);
+            return std::make_tuple(code, own(b));
         },
         nb::arg("nbytes"), nb::arg("shared"), nb::arg("pin"), nb::arg("flags"), nb::arg("max_chunk") = 0,
         "hostregStagingBufferCreate: (cudaError number, StagingBuffer or None).");
@@ -241,10 +292,12 @@ NB_MODULE(_hostreg, m) {
                 nb::gil_scoped_release nogil;
                 code = hostregStagingBufferAttach(fd, nbytes, &b);
             }
-            return std::make_tuple(code, b ? std::make_unique<StagingBuffer>(b) : nullptr);
+            return std::make_tuple(code, own(b));
         },
         nb::arg("fd"), nb::arg("nbytes"),
         "hostregStagingBufferAttach (takes fd over): (cudaError number, StagingBuffer or None).");
+    m.def("arena_of", &arena_of, nb::arg("ptr"), nb::arg("nbytes"),
+          "The live StagingBuffer of this process holding [ptr, ptr + nbytes), or None.");
     m.def("bytes_view", &bytes_view, nb::arg("owner"), nb::arg("ptr"), nb::arg("nbytes"),
           "A DLPack capsule of nbytes uint8 at ptr (for torch.from_dlpack) that keeps owner alive while any "
           "tensor made from it lives.");

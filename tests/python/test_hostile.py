@@ -316,6 +316,165 @@ def test_stage_verifies_a_chunked_arena():
     assert r.returncode == 1 and "HOSTREG_MAX_REGISTRATION=lots is not a positive number" in r.stdout + r.stderr
 
 
+# ---- the arena index under collections, interrupts and fork -----------------------------
+
+
+def test_a_collection_while_the_arena_index_is_locked_does_not_hang():
+    # A garbage collection can start inside any allocation, also one hostreg makes while it
+    # holds its index lock; freeing an arena from there must not need that lock.
+    try:
+        r = child(
+            """
+            import gc, torch, hostreg.torch as ht
+            from hostreg import _sharing
+            sd = ht.create_cpu_state_dict({"w": torch.zeros(4)})
+            cycle = [sd]; cycle.append(cycle)
+            del sd, cycle
+            with _sharing._lock:
+                gc.collect()  # frees the staged dict and its arena
+            print(left())
+            """,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("freeing an arena while the index lock was held hung")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == NOTHING
+
+
+def test_an_interrupt_during_arena_creation_leaves_every_live_arena_known():
+    # A KeyboardInterrupt at the k-th line event of hostreg's code while another arena is
+    # made, for every k: the live arena must stay known (else torch's reducer would copy its
+    # tensors out of it), and the interrupted one must leave nothing.
+    r = child(
+        """
+        import sys, torch, hostreg, hostreg.torch as ht
+        from hostreg import _sharing
+        from multiprocessing.reduction import ForkingPickler
+        live = ht.create_cpu_state_dict({"w": torch.ones(1000)})
+        ptr = live["w"].data_ptr()
+        interrupted = 0
+        for k in range(1, 100000):
+            seen = [0]
+            def tracer(frame, event, arg):
+                if "hostreg" not in frame.f_code.co_filename:
+                    return None
+                if event == "line":
+                    seen[0] += 1
+                    if seen[0] == k:
+                        raise KeyboardInterrupt
+                return tracer
+            sys.settrace(tracer)
+            try:
+                extra = ht.create_cpu_state_dict({"x": torch.zeros(10)})
+            except KeyboardInterrupt:
+                interrupted += 1
+            else:
+                break
+            finally:
+                sys.settrace(None)
+            assert _sharing.arena_of(live["w"]) is not None, f"live arena unknown after an interrupt at line {k}"
+            assert hostreg.stats().registrations == 1, f"after an interrupt at line {k}: {hostreg.registrations()}"
+        del extra
+        got = ForkingPickler.loads(ForkingPickler.dumps(live))  # what a Queue.put and get do
+        assert live["w"].data_ptr() == ptr and hostreg.registration(ptr) is not None
+        got["w"][0] = 7.0
+        assert live["w"][0].item() == 7.0, "the arena was copied, not sent"
+        del live, got
+        print(interrupted, left())
+        """
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    count, rest = r.stdout.strip().split(" ", 1)
+    assert int(count) > 20 and rest == NOTHING, r.stdout
+
+
+def test_a_fork_while_another_thread_holds_the_arena_index_lock():
+    r = child(
+        """
+        import os, signal, threading, time, torch, hostreg.torch as ht
+        from hostreg import _sharing
+        holding, release = threading.Event(), threading.Event()
+        def hold():
+            with _sharing._lock:
+                holding.set()
+                release.wait()
+        threading.Thread(target=hold).start()
+        holding.wait()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a child stuck on the inherited lock dies of SIGALRM
+            st = ht.create_cpu_state_dict({"w": torch.ones(4)})
+            os._exit(0 if _sharing.arena_of(st["w"]) is not None else 3)
+        _, status = os.waitpid(pid, 0)
+        release.set()
+        print(os.waitstatus_to_exitcode(status), left())
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "0 " + NOTHING, r.stdout
+
+
+def test_sending_a_staged_storage_keeps_it_in_its_arena():
+    r = child(
+        """
+        import torch, hostreg, hostreg.torch as ht
+        from hostreg import _sharing
+        from multiprocessing.reduction import ForkingPickler
+        st = ht.create_cpu_state_dict({"w": torch.zeros(1024)})
+        ptr = st["w"].data_ptr()
+        got = ForkingPickler.loads(ForkingPickler.dumps(st["w"].untyped_storage()))
+        typed = ForkingPickler.loads(ForkingPickler.dumps(torch.TypedStorage(wrap_storage=st["w"].untyped_storage(), dtype=torch.float32, _internal=True)))
+        same = st["w"].data_ptr() == ptr and hostreg.registration(ptr) is not None and _sharing.arena_of(st["w"]) is not None
+        view = torch.empty(0, dtype=torch.float32).set_(got)
+        view[0] = 5.0  # the received storage is the arena's memory, mapped again: not a copy
+        print(same, st["w"][0].item(), typed.size(), len(got))
+        del got, typed, view, st
+        print(left())
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    first, last = r.stdout.strip().splitlines()
+    assert first == "True 5.0 1024 4096" and last == NOTHING, r.stdout
+
+
+def test_tensors_torch_refuses_to_send_are_refused():
+    r = child(
+        """
+        import torch, hostreg.torch as ht
+        from multiprocessing.reduction import ForkingPickler
+        st = ht.create_cpu_state_dict({"w": torch.zeros(8)})
+        w = st["w"].requires_grad_()
+        try:
+            ForkingPickler.dumps(w[:4])  # a non-leaf view that requires grad
+            print("sent")
+        except RuntimeError as e:
+            print("refused", "non-leaf" in str(e))
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["refused", "True"], r.stdout
+
+
+def test_a_view_past_the_end_of_an_arena_is_refused():
+    r = child(
+        """
+        import torch, hostreg.torch as ht
+        from hostreg import _sharing, _hostreg
+        st = ht.create_cpu_state_dict({"w": torch.zeros(8)})
+        buf = _sharing.arena_of(st["w"])
+        for ptr, n in ((buf.data_ptr, buf.size + 1), (buf.data_ptr + buf.size, 1), (buf.data_ptr - 1, 1), (buf.data_ptr, 1 << 62)):
+            try:
+                _hostreg.bytes_view(buf, ptr, n)
+                print("made")
+            except ValueError:
+                print("refused")
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["refused"] * 4, r.stdout
+
+
 # ---- smaller ones ----------------------------------------------------------------------
 
 
@@ -330,15 +489,37 @@ def test_copy_refuses_a_source_that_overlaps_its_destination():
         buf = _sharing.arena_of(st["a"])
         tail = _sharing.tensor_view(buf, st["a"].data_ptr() - buf.data_ptr + 2000, (1000,), torch.float32)  # a[500:] and on
         shifted = {"a": sd["a"], "b": tail}  # b's source overlaps a's destination
-        try:
-            ht.copy_state_dict(shifted, st)
-            print("copied")
-        except ValueError as e:
-            print("ValueError", "overlap" in str(e))
+        for src in (shifted, {"a": st["b"], "b": torch.arange(2000.0)[::2]}):  # a's source is b's destination
+            before = {k: v.clone() for k, v in st.items()}
+            try:
+                ht.copy_state_dict(src, st)
+                print("copied")
+            except ValueError as e:
+                print("ValueError", "overlap" in str(e), all(torch.equal(st[k], before[k]) for k in st))
         """
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split()[:2] == ["ValueError", "True"], r.stdout
+    assert r.stdout.split() == ["ValueError", "True", "True"] * 2, r.stdout
+
+
+def test_copy_follows_a_destination_changed_in_place():
+    # A destination that keeps its address and shape but changes its strides (t_()) or dtype
+    # (.data = a view as another dtype) must get the source's values in its new layout.
+    r = child(
+        """
+        import torch, hostreg.torch as ht
+        src = {"m": torch.arange(9.0).reshape(3, 3), "v": torch.arange(4.0)}
+        st = ht.create_cpu_state_dict(src)
+        ht.copy_state_dict(src, st)
+        st["m"].t_()
+        st["v"].data = st["v"].data.view(torch.int32)
+        new = {"m": src["m"] + 100, "v": src["v"] + 100}
+        ht.copy_state_dict(new, st)
+        print(torch.equal(st["m"], new["m"]), st["v"].tolist() == [100, 101, 102, 103])
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "True"], r.stdout
 
 
 def test_a_refused_relative_library_path_is_not_called_a_missing_driver():
