@@ -15,7 +15,7 @@ PASS (or INFO: a measurement without a target).
   4  the scenario that fails without CUDA: ``torch.cuda.cudart`` returning ``None`` (as under
      Ascend's ``transfer_to_npu``) with ``hostreg.torch.install()``: PyTorch's
      ``_create_cpu_state_dict``/``_copy_state_dict`` from CUDA tensors; hostreg's own staging;
-     ``hostreg.torch.Stager``
+     ``hostreg.torch.Stager``, sync and async (side stream)
   5  device-to-host bandwidth into pageable, ``pin_memory``, hostreg-staged and mlock-only
      memory (CUDA events, warm-up, median of >= 5), and time to stage a GPT-2-XL state dict
 
@@ -967,6 +967,34 @@ def step_scenario(ctx: Ctx, rows: dict[str, Row]) -> None:
     rows["4c"].result = "FAIL" if problems else "PASS"
     rows["4c"].figure = "; ".join(problems) or "staged twice into 1 arena, pinned, values right, 0 left after close"
 
+    # 4d: Stager(async_staging=True): stage() returns a Future at once; the copies run on the
+    # stager's own stream, after the work queued on the caller's stream before stage().
+    problems = []
+    stager = ht.Stager(async_staging=True)
+    try:
+        side = stager._stream
+        if not ctx.dry:
+            current = torch.cuda.current_stream()
+            problems += [] if side is not None and side.stream_id != current.stream_id else ["no side stream of its own"]
+        with torch.no_grad():
+            for t in tensors_of(sd):
+                t.mul_(3)  # queued on the caller's stream just before stage(): must be in the copy
+        fut = stager.stage(sd)
+        out = fut.result(timeout=120)
+        ctx.sync()
+        problems += [f"async stage: {p}" for p in values_equal(ctx, sd, out)]  # the values after mul_
+        problems += [] if all(rt.is_pinned(t) for t in tensors_of(out)) else ["async stage not pinned"]
+        del out, fut
+    finally:
+        stager.close()
+        gc.collect()
+    problems += [] if hostreg.stats().registrations == regs0 else ["registrations left after close"]
+    rows["4d"].result = "FAIL" if problems else "PASS"
+    rows["4d"].figure = "; ".join(problems) or (
+        "Future; copies on a side stream after the caller's queued work; values right, pinned"
+        if not ctx.dry else "Future; values right, pinned (dry run: no stream)"
+    )
+
 
 # ---- step 5: bandwidth and time to stage -------------------------------------------------------
 
@@ -1213,6 +1241,7 @@ STEPS = [
             ("4a", "torch _create_cpu_state_dict, cudart()=None"),
             ("4b", "hostreg create/copy_state_dict from device"),
             ("4c", "hostreg.torch.Stager, stage twice"),
+            ("4d", "Stager(async_staging=True) from device"),
         ],
         step_scenario,
     ),

@@ -82,8 +82,9 @@ class Stager:
     (``AsyncSaveResponse.staging_completion.result()``, or :meth:`synchronize_staging`).
     A change made before then may or may not be in the checkpoint, tensor by tensor.
 
-    ``stage()`` raises :class:`hostreg.StagingError` when memory cannot be reserved or locked
-    (or, async, no thread can be started), ``TypeError`` for state dicts that are not dicts or
+    The constructor raises :class:`hostreg.StagingError` when the staging thread cannot be
+    started. ``stage()`` raises :class:`hostreg.StagingError` when memory cannot be reserved or
+    locked, ``TypeError`` for state dicts that are not dicts or
     hold unsupported tensors; in async mode only the first is checked at once, the rest is set
     on the future (and re-raised by :meth:`synchronize_staging`). Call
     :meth:`close` after the last save (DCP does not close a stager it did not create).
@@ -117,6 +118,15 @@ class Stager:
         self._executor: ThreadPoolExecutor | None = None
         self._future: Future | None = None
         self._stream: Any = None
+        if async_staging:
+            # The thread starts now, not in the first stage(): starting it there would block
+            # the caller until it runs.
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hostreg-stager")
+            try:
+                self._executor.submit(int).result()
+            except RuntimeError as e:  # no thread to be had (a thread limit)
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                raise StagingError(f"cannot start the staging thread: {e}") from e
         if async_staging and _accelerator_available():
             # Made on the caller's thread, as DCP's DefaultStager does: a stream of its own,
             # never the caller's compute stream.

@@ -294,21 +294,22 @@ def test_close_ends_a_staging_waiting_for_a_buffer():
 
 
 def test_async_staging_without_a_thread_raises_staging_error(monkeypatch):
-    stager = ht.Stager(async_staging=True)
-    try:
-        def refuse(self):
-            raise RuntimeError("can't start new thread")
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
 
-        with monkeypatch.context() as m:
-            m.setattr(threading.Thread, "start", refuse)
-            with pytest.raises(hostreg.StagingError, match="staging thread"):
-                stager.stage({"w": torch.ones(3)})
-        assert stager.arenas_created == 0
-        staged = stager.stage({"w": torch.full((3,), 2.0)}).result(timeout=60)  # threads again: works
+    with monkeypatch.context() as m:
+        m.setattr(threading.Thread, "start", refuse)
+        with pytest.raises(hostreg.StagingError, match="staging thread"):
+            ht.Stager(async_staging=True)
+    assert not [t for t in threading.enumerate() if t.name.startswith("hostreg-stager")]
+    stager = ht.Stager(async_staging=True)  # threads again: works
+    try:
+        staged = stager.stage({"w": torch.full((3,), 2.0)}).result(timeout=60)
         assert torch.equal(staged["w"], torch.full((3,), 2.0)) and stager.arenas_created == 1
         del staged
     finally:
         stager.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("hostreg-stager")], "close() left the thread"
 
 
 # ---- DCP's own stager through the drop-in -------------------------------------------------------
