@@ -2,10 +2,10 @@
 # scripts/gpu_check.sh: verify hostreg's cuda backend on a machine with an NVIDIA GPU.
 #
 #   scripts/gpu_check.sh                 # build (CMake, no network, no pip), then run every check
-#   scripts/gpu_check.sh --dry-run       # no GPU: CUDA driver test double, fake timer, tiny sizes
+#   scripts/gpu_check.sh --dry-run       # no GPU: CUDA driver test double, CPU tensors, tiny sizes
 #   scripts/gpu_check.sh --dry-run --no-build   # ... with the hostreg already importable (.venv)
 #
-# Options (the rest go to scripts/gpu_check.py, see --help there):
+# Options (the rest go to the gpu_check package, scripts/gpu_check/; see --help there):
 #   --dry-run          run here without a GPU (see docs/gpu-check.md for what is replaced)
 #   --no-build         skip the CMake build; use whatever `import hostreg` finds
 #   --build-dir DIR    build tree (default build/gpu, dry run build/gpu-dry)
@@ -16,8 +16,8 @@
 #
 # Steps: build with
 #   cmake -S . -B build/gpu -G Ninja -DHOSTREG_BUILD_PYTHON=ON -DCMAKE_BUILD_TYPE=Release
-# assemble an importable package in build/gpu/py/hostreg (python/hostreg/*.py, _hostreg*.so,
-# libhostreg.so*), then run scripts/gpu_check.py with PYTHONPATH there and HOSTREG_BACKEND=cuda.
+# install the package with `cmake --install build/gpu --component python --prefix build/gpu/py`,
+# then run `python -m gpu_check` (scripts/gpu_check/) with PYTHONPATH there and HOSTREG_BACKEND=cuda.
 # It prints a plain-text table last; exit status 0 when every row is PASS or INFO, 1 when a
 # check fails or could not run, 2 for bad usage.
 set -uo pipefail
@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
       build_dir=$2; shift ;;
     --build-dir=*) build_dir=${1#--build-dir=} ;;
     -h|--help) usage; exit 0 ;;
-    *) py_args+=("$1") ;;  # gpu_check.py validates these
+    *) py_args+=("$1") ;;  # gpu_check validates these
   esac
   shift
 done
@@ -51,7 +51,8 @@ PYTHON_PATH=$(command -v "$PYTHON") || { echo "gpu_check.sh: no Python interpret
 PYTHON=$PYTHON_PATH
 
 # Refuse bad arguments before spending a minute on the build.
-"$PYTHON" scripts/gpu_check.py "${py_args[@]}" --check-args || exit 2
+export PYTHONPATH="$REPO/scripts${PYTHONPATH:+:$PYTHONPATH}"  # the gpu_check package
+"$PYTHON" -m gpu_check "${py_args[@]}" --check-args || exit 2
 
 build_dir=${build_dir:-build/$([ $dry = 1 ] && echo gpu-dry || echo gpu)}
 case "$build_dir" in /*) ;; *) build_dir=$REPO/$build_dir ;; esac
@@ -64,31 +65,19 @@ command -v cmake >/dev/null || PATH="$(dirname "$PYTHON"):$PATH"
 
 say() { echo "gpu_check.sh: $*"; }
 
-# ---- build -------------------------------------------------------------------------------------
+# ---- build ---------------------------------------------------------------------------------------
 build_hostreg() {
-  local nb gen=() pkg="$build_dir/py/hostreg"
-  nb=$("$PYTHON" -m nanobind --cmake_dir) || { echo "nanobind is not importable by $PYTHON (python -m nanobind --cmake_dir failed)"; return 1; }
-  echo "nanobind cmake dir: $nb"
+  local gen=()
+  "$PYTHON" -m nanobind --cmake_dir || { echo "nanobind is not importable by $PYTHON"; return 1; }
   command -v cmake >/dev/null || { echo "cmake not found"; return 1; }
   if command -v ninja >/dev/null; then gen=(-G Ninja); else echo "ninja not found: CMake's default generator"; fi
-  # The top-level CMakeLists.txt finds nanobind itself (python -m nanobind --cmake_dir);
-  # Python_EXECUTABLE makes it build for the interpreter that runs the checks.
+  # Python_EXECUTABLE: built for the interpreter that runs the checks.
   cmake -S . -B "$build_dir" "${gen[@]}" -DHOSTREG_BUILD_PYTHON=ON -DCMAKE_BUILD_TYPE=Release \
     -DPython_EXECUTABLE="$PYTHON" || return 1
-  cmake --build "$build_dir" --target _hostreg -j "$(nproc 2>/dev/null || echo 4)" || return 1
-  rm -rf "$build_dir/py" && mkdir -p "$pkg" || return 1
-  cp python/hostreg/*.py "$pkg/" || return 1
-  [ ! -f python/hostreg/py.typed ] || cp python/hostreg/py.typed "$pkg/"
-  local found=0 f
-  for f in "$build_dir"/_hostreg*.so "$build_dir"/libhostreg.so*; do
-    [ -e "$f" ] || continue
-    cp -L "$f" "$pkg/" || return 1   # -L: real files, not symlinks into the build tree
-    found=$((found + 1))
-  done
-  if ! ls "$pkg"/_hostreg*.so >/dev/null 2>&1 || ! ls "$pkg"/libhostreg.so* >/dev/null 2>&1; then
-    echo "built files (_hostreg*.so, libhostreg.so*) missing in $build_dir"; return 1
-  fi
-  echo "package assembled in $pkg ($found built files):"; ls -l "$pkg"
+  cmake --build "$build_dir" -j "$(nproc 2>/dev/null || echo 4)" || return 1
+  rm -rf "$build_dir/py"
+  cmake --install "$build_dir" --component python --prefix "$build_dir/py" || return 1
+  ls -l "$build_dir/py/hostreg"
 }
 
 build_status=INFO
@@ -127,18 +116,18 @@ export HOSTREG_BACKEND=cuda
 timeout_cmd=()
 command -v timeout >/dev/null && timeout_cmd=(timeout -s INT -k 30 "${GPU_CHECK_TIMEOUT_S:-360}")
 
-# The checks; their table is the last thing printed. SIGINT at the limit lets gpu_check.py
+# The checks; their table is the last thing printed. SIGINT at the limit lets gpu_check
 # mark what did not finish and still print the table.
-"${timeout_cmd[@]}" "$PYTHON" -u scripts/gpu_check.py "${py_args[@]}" --log-dir "$log_dir" \
+"${timeout_cmd[@]}" "$PYTHON" -u -m gpu_check "${py_args[@]}" --log-dir "$log_dir" \
   --build-status "$build_status" --build-detail "$build_detail" 2>&1 | tee "$log_dir/stdout.log"
 rc=${PIPESTATUS[0]}
 
 if [ ! -s "$log_dir/table.txt" ] && [ "$rc" != 0 ]; then
-  # gpu_check.py died before its table (or refused its arguments): a minimal one.
+  # gpu_check died before its table (or refused its arguments): a minimal one.
   echo
   echo "step  check                                      result  key figure"
   echo "1a    build (cmake Release, nanobind extension)  $build_status  $build_detail"
-  echo "-     scripts/gpu_check.py                       FAIL    exited with $rc before its table (see $log_dir)"
+  echo "-     scripts/gpu_check                          FAIL    exited with $rc before its table (see $log_dir)"
   exit 1
 fi
 exit "$rc"

@@ -129,88 +129,6 @@ HOSTREG_API int hostregGetLastError(long long* native_code, const char** message
  * HOSTREG_BACKEND=none or selection failed (see hostregGetLastError). */
 HOSTREG_API const char* hostregBackendName(void);
 
-/* ---- Arenas: one region (a whole state dict's staging memory) registered as a unit ---- */
-
-typedef struct hostregArena hostregArena;
-
-/* Creates an unnamed shared-memory file of `bytes` bytes for staging and stores its
- * descriptor (close-on-exec; the caller owns it) in *fd: O_TMPFILE in /dev/shm (or
- * $HOSTREG_SHM_DIR), mode 0600, so it has no name to guess and vanishes with its last
- * descriptor; memfd_create where that is impossible. Answers 2 (cudaErrorMemoryAllocation)
- * at once, with a message naming /dev/shm, its size, its free bytes and the bytes needed,
- * when it plainly lacks the space. Pages are allocated by hostregPrepareMemory on a mapping
- * of it. Nothing is left behind on failure. Returns 0, 1 (0 bytes, NULL fd) or 2. */
-HOSTREG_API int hostregSharedMemoryCreate(size_t bytes, int* fd);
-
-/* The directory hostregSharedMemoryCreate makes staging memory in: $HOSTREG_SHM_DIR when set,
- * else /dev/shm. Stores it in *dir (static until the next call; may be NULL) and returns 0, or
- * 1 when HOSTREG_SHM_DIR is not an absolute path to an existing tmpfs (or ramfs, hugetlbfs)
- * directory, the reason in hostregGetLastError (*dir then holds the value given). */
-HOSTREG_API int hostregSharedMemoryDirectory(const char** dir);
-
-/* Allocates and maps every page of [ptr, ptr + bytes) inside the kernel, with several
- * threads, without changing a byte (MADV_POPULATE_WRITE, Linux 5.14; skipped on older
- * kernels). Afterwards no write to the range can fault for lack of memory: a full /dev/shm
- * answers 2 here (with fd >= 0, the file the range maps, the message names its
- * filesystem, size, free bytes and the bytes needed), never a SIGBUS later. Returns 0, 1
- * (NULL or 0 bytes) or 2. */
-HOSTREG_API int hostregPrepareMemory(void* ptr, size_t bytes, int fd);
-
-/* Registers [ptr, ptr + bytes) as page-aligned chunks of at most max_chunk_bytes (0: the
- * backend's cap, e.g. 256 GiB for CUDA, whose driver r580+ refuses 512 GiB or more in one
- * registration, or $HOSTREG_MAX_REGISTRATION bytes when that is smaller), each an ordinary
- * registration. On success *arena owns them; on failure
- * none stays registered and the first failing chunk's code is returned (as
- * hostregHostRegister's). */
-HOSTREG_API int hostregArenaRegister(void* ptr, size_t bytes, unsigned int flags, size_t max_chunk_bytes,
-                                     hostregArena** arena);
-
-/* Unregisters every chunk of the arena and frees the handle (always, even on failure).
- * Returns 0, or the first chunk's failure code. NULL answers 1. */
-HOSTREG_API int hostregArenaUnregister(hostregArena* arena);
-
-/* Number of registrations (chunks) the arena holds. */
-HOSTREG_API size_t hostregArenaChunkCount(const hostregArena* arena);
-
-/* Copies n buffers (memcpy(dst[i], src[i], bytes[i])) using up to `threads` threads (0: one
- * per hardware thread) when the total is large enough to gain; for re-staging a state dict
- * into its arena. Buffers must not overlap. Returns 0, or 1 when n > 0 and an array is NULL. */
-HOSTREG_API int hostregCopyBatch(void* const* dst, const void* const* src, const size_t* bytes, size_t n,
-                                 unsigned int threads);
-
-/* ---- Staging buffers: a state dict's staging memory, owned whole ---- */
-
-typedef struct hostregStagingBuffer hostregStagingBuffer;
-
-/* Makes `bytes` (> 0) of staging memory in one call that leaves nothing behind on failure:
- * shared (shared != 0: an unnamed file from hostregSharedMemoryCreate, mapped MAP_SHARED) or
- * private anonymous memory; every page allocated (hostregPrepareMemory); registered with
- * flags, in chunks of at most max_chunk_bytes, when pin != 0 (hostregArenaRegister). On
- * success *out owns the file, the mapping and the registration; hostregStagingBufferDestroy
- * releases all three. Returns 0, or the first failing step's code (1, 2, 712, 801, ...) with
- * *out NULL. */
-HOSTREG_API int hostregStagingBufferCreate(size_t bytes, int shared, int pin, unsigned int flags,
-                                           size_t max_chunk_bytes, hostregStagingBuffer** out);
-
-/* Maps the shared staging buffer of `bytes` bytes another process made, given a descriptor of
- * its file, which it takes over (closed on failure too). Not registered (its pages are locked
- * by the process that made it). Returns 0, 1 (bad descriptor, file smaller than bytes) or 2. */
-HOSTREG_API int hostregStagingBufferAttach(int fd, size_t bytes, hostregStagingBuffer** out);
-
-/* The buffer's first byte (page-aligned), its size in bytes, its file's descriptor (-1 for
- * private memory; owned by the buffer), and the registrations it holds. NULL answers 0/-1. */
-HOSTREG_API void* hostregStagingBufferData(const hostregStagingBuffer* buffer);
-HOSTREG_API size_t hostregStagingBufferSize(const hostregStagingBuffer* buffer);
-HOSTREG_API int hostregStagingBufferFd(const hostregStagingBuffer* buffer);
-HOSTREG_API size_t hostregStagingBufferChunks(const hostregStagingBuffer* buffer);
-
-/* Undoes the buffer's registration now; the memory stays mapped. Idempotent. Returns 0 or the
- * first chunk's failure code; NULL answers 1. */
-HOSTREG_API int hostregStagingBufferUnregister(hostregStagingBuffer* buffer);
-
-/* Unregisters, unmaps and closes everything the buffer owns, and frees it. NULL is a no-op. */
-HOSTREG_API void hostregStagingBufferDestroy(hostregStagingBuffer* buffer);
-
 /* Names of the backends compiled in, in the order HOSTREG_BACKEND=auto tries them
  * ("cuda", "hip", "acl", "ze", "musa", "posix"), NULL-terminated. Static storage. */
 HOSTREG_API const char* const* hostregBackendNames(void);
@@ -226,7 +144,7 @@ HOSTREG_API int hostregProbeBackend(const char* name, const char** detail);
  * are static: valid for the life of the process, never NULL (empty when unknown). */
 typedef struct hostregCapabilities {
     unsigned int flags;      /* cudaHostRegister flags honoured (others answer 801); 0 if unavailable */
-    size_t max_registration; /* most bytes one registration may span; arenas split below it */
+    size_t max_registration; /* most bytes one registration may span; hostregChunkedRegister splits below it */
     size_t granule;          /* 1: any address and size; else the runtime registers only whole
                                 granules of this many bytes, and hostreg rounds out to them,
                                 sharing partial edge granules between neighbours */
@@ -240,6 +158,32 @@ typedef struct hostregCapabilities {
  * usable, else the cudaError selecting it would give (out is filled either way: library and
  * version are known as soon as the runtime loads); 1 for an unknown name or a NULL out. */
 HOSTREG_API int hostregBackendCapabilities(const char* name, hostregCapabilities* out);
+
+/* This process's allowance for page-locking, read from the kernel now: *memlock_bytes gets
+ * RLIMIT_MEMLOCK's soft limit in bytes (ULLONG_MAX when unlimited) and *cap_ipc_lock 1 when the
+ * process holds CAP_IPC_LOCK (CapEff in /proc/self/status), which lifts that limit for
+ * mlock(2), else 0. Either may be NULL. Returns 0. */
+HOSTREG_API int hostregLockAllowance(unsigned long long* memlock_bytes, int* cap_ipc_lock);
+
+/* ---- Diagnostics ---- */
+
+/* Levels of hostreg's diagnostics. Backend selection is INFO; a failure is DEBUG when it is
+ * the caller's mistake (1, 712, 713) and WARNING otherwise (the environment's: 2, 3, 801, ...). */
+#define HOSTREG_LOG_DEBUG 0
+#define HOSTREG_LOG_INFO 1
+#define HOSTREG_LOG_WARNING 2
+
+/* Receives one diagnostic: its level, the hostreg function that failed ("" for other events),
+ * the cudaError code and the backend's native code (0 for other events), and the message
+ * (valid during the call only). Called on the thread of the event, possibly while hostreg
+ * holds internal locks: it must not call hostreg. */
+typedef void (*hostregLogHandler)(void* context, int level, const char* call, int code, long long native_code,
+                                  const char* message);
+
+/* Sends every diagnostic, each once, to handler (with context) instead of stderr; the handler
+ * decides what to keep. NULL restores the default: stderr, filtered by HOSTREG_LOG_LEVEL
+ * (debug, info or warning; unset: silent). Meant to be set once, by a language binding. */
+HOSTREG_API void hostregSetLogHandler(hostregLogHandler handler, void* context);
 
 /* The library's version string, "MAJOR.MINOR.PATCH". */
 HOSTREG_API const char* hostregVersion(void);

@@ -13,9 +13,8 @@ from ._layout import Layout
 
 
 def raise_last(what: str) -> None:
-    """StagingError with the calling thread's last hostreg failure (logged at warning)."""
+    """StagingError with the calling thread's last hostreg failure (the C core has logged it)."""
     err = _core.last_error()
-    _core.log.warning("%s: %s, native %d: %s", what, err.code, err.native, err.message)
     raise StagingError(f"{what}: {err.code}: {err.message}")
 
 

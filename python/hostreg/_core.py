@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
-import operator
+import os
 from typing import NamedTuple
 
 from . import _hostreg
@@ -40,45 +40,60 @@ class Registration(NamedTuple):
 log = logging.getLogger("hostreg")
 log.addHandler(logging.NullHandler())  # silent unless the application configures logging
 
-# Failures that are the caller's (bad arguments, overlap, unknown pointer) log at DEBUG; the
-# environment's (cannot lock, no backend, not supported) at WARNING.
-_CALLERS = frozenset({1, 712, 713})
-_announced = False
+_LEVELS = (logging.DEBUG, logging.INFO, logging.WARNING)  # HOSTREG_LOG_DEBUG, _INFO, _WARNING
 
 
-def _checked(call: str, code: int, caller_level: int = logging.DEBUG) -> cudaError:
-    """cudaError of a C call's result, logging the backend once and every failure (the
-    caller's own mistakes at ``caller_level``, the environment's at WARNING)."""
-    global _announced
-    if not _announced:
-        _announced = True
-        log.info("backend %s selected", _hostreg.backend_name())
-    err = cudaError(code)
+def _on_log(level: int, call: str, code: int, native: int, message: str, label: str | None) -> None:
+    """The C core's diagnostics (``hostregSetLogHandler``), each event once, into ``log``.
+
+    The C core gives the level by its one rule (the caller's mistakes 1, 712, 713 at DEBUG,
+    the environment's failures at WARNING, backend selection at INFO). A failure of a call the
+    drop-in made for torch (``label``) is a WARNING whoever's fault: torch turns its code into
+    a RuntimeError that blames an asynchronous CUDA error, so this line is the only reason given.
+    Must not call hostreg (the C core may be choosing its backend)."""
+    py_level = _LEVELS[level] if 0 <= level < len(_LEVELS) else logging.WARNING
+    if code and label is not None:
+        py_level = logging.WARNING
+    if not log.isEnabledFor(py_level):
+        return
     if code:
-        _, native, message = _hostreg.last_error()
-        log.log(caller_level if code in _CALLERS else logging.WARNING, "%s: %s, native %d: %s", call, err, native, message)
-    return err
+        log.log(py_level, "%s: %s, native %d: %s", label or call, _code_text(code), native, message)
+    else:
+        log.log(py_level, "%s", message)
 
 
-_U64 = 1 << 64
-_U32 = 1 << 32
-
-
-def _uint(value: object, name: str, limit: int = _U64) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, not bool")
+def _code_text(code: int) -> str:
     try:
-        v = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
-    if not 0 <= v < limit:
-        raise ValueError(f"{name} must be in [0, {limit}), got {v}")
-    return v
+        return str(cudaError(code))
+    except ValueError:  # not a member of CUDA's enum cudaError (cannot happen for hostreg's codes)
+        return f"error {code}"
 
 
-def _int32(value: object, name: str) -> int:
-    """A non-negative C int argument (an error code): TypeError / ValueError otherwise."""
-    return _uint(value, name, 1 << 31)
+class _CStyle(logging.Formatter):
+    """``hostreg <level>: <message>``, the C core's own stderr format."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"hostreg {record.levelname.lower()}: {record.getMessage()}"
+
+
+def _log_from_environment() -> None:
+    """``HOSTREG_LOG_LEVEL`` (debug, info, warning) in a Python process: the same lines on stderr
+    as the C core writes without Python, from this logger (then not propagated, so that a
+    root handler does not print them twice)."""
+    level = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING}.get(
+        os.environ.get("HOSTREG_LOG_LEVEL", "").lower()
+    )
+    if level is None:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(_CStyle())
+    log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False
+
+
+_log_from_environment()
+_hostreg.set_log_sink(_on_log)
 
 
 def host_register(ptr: int, nbytes: int, flags: int = 0) -> cudaError:
@@ -88,14 +103,11 @@ def host_register(ptr: int, nbytes: int, flags: int = 0) -> cudaError:
     0 bytes, wrap-around, unknown flag bits, unmapped memory), ``cudaErrorMemoryAllocation``
     (cannot lock, e.g. ``RLIMIT_MEMLOCK``), ``cudaErrorHostMemoryAlreadyRegistered`` (any
     byte already registered), ``cudaErrorNotSupported`` (flag the backend cannot honour).
-    :func:`last_error` then says why. The GIL is released during the call.
+    :func:`last_error` then says why. The GIL is released during the call. ``TypeError`` for an
+    argument that is not an int, ``ValueError`` for one out of range (below 0, or not below
+    2**64; flags 2**32).
     """
-    return _register("cudaHostRegister", ptr, nbytes, flags, logging.DEBUG)
-
-
-def _register(call: str, ptr: int, nbytes: int, flags: int, caller_level: int) -> cudaError:
-    code = _hostreg.host_register(_uint(ptr, "ptr"), _uint(nbytes, "nbytes"), _uint(flags, "flags", _U32))
-    return _checked(call, code, caller_level)
+    return cudaError(_hostreg.host_register(ptr, nbytes, flags))
 
 
 def host_unregister(ptr: int) -> cudaError:
@@ -104,22 +116,18 @@ def host_unregister(ptr: int) -> cudaError:
     Returns ``cudaError.success`` or ``cudaErrorHostMemoryNotRegistered`` when ``ptr`` is
     not the base of a live registration. The GIL is released during the call.
     """
-    return _unregister("cudaHostUnregister", ptr, logging.DEBUG)
-
-
-def _unregister(call: str, ptr: int, caller_level: int) -> cudaError:
-    return _checked(call, _hostreg.host_unregister(_uint(ptr, "ptr")), caller_level)
+    return cudaError(_hostreg.host_unregister(ptr))
 
 
 def host_get_device_pointer(ptr: int, flags: int = 0) -> tuple[cudaError, int]:
     """``cudaHostGetDevicePointer``: (code, device address of registered host address ``ptr``)."""
-    code, dev = _hostreg.host_get_device_pointer(_uint(ptr, "ptr"), _uint(flags, "flags", _U32))
+    code, dev = _hostreg.host_get_device_pointer(ptr, flags)
     return cudaError(code), dev
 
 
 def host_get_flags(ptr: int) -> tuple[cudaError, HostRegisterFlags]:
     """``cudaHostGetFlags``: (code, flags of the registration containing ``ptr``)."""
-    code, flags = _hostreg.host_get_flags(_uint(ptr, "ptr"))
+    code, flags = _hostreg.host_get_flags(ptr)
     return cudaError(code), HostRegisterFlags(flags)
 
 
@@ -129,7 +137,7 @@ def _reg(t: tuple[int, int, int, int, str]) -> Registration:
 
 def registration(ptr: int) -> Registration | None:
     """The live registration containing address ``ptr``, or ``None``."""
-    t = _hostreg.registration(_uint(ptr, "ptr"))
+    t = _hostreg.registration(ptr)
     return None if t is None else _reg(t)
 
 

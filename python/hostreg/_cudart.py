@@ -8,8 +8,6 @@ and for the calls hostreg cannot serve (profiler, streams, ``cudaMemGetInfo``) a
 
 from __future__ import annotations
 
-import logging
-
 from . import _core, _hostreg
 from ._errors import cudaError as _CudaError
 
@@ -24,27 +22,28 @@ class CudaRuntime:
 
     cudaError = _CudaError
 
-    # Failures through here are logged at WARNING with hostreg's reason, whoever's fault they
-    # are: torch turns the code into a RuntimeError that blames an asynchronous CUDA error.
+    # One crossing into the C core per call. Failures through here are logged (by the C core,
+    # through hostreg's logger) at WARNING with hostreg's reason, whoever's fault they are:
+    # torch turns the code into a RuntimeError that blames an asynchronous CUDA error.
     @staticmethod
     def cudaHostRegister(ptr: int, size: int, flags: int) -> _CudaError:  # noqa: N802
         """Page-lock ``size`` bytes at address ``ptr``; see :func:`hostreg.host_register`."""
-        return _core._register("torch.cuda.cudart().cudaHostRegister", ptr, size, flags, logging.WARNING)
+        return _CudaError(_hostreg.host_register(ptr, size, flags, "torch.cuda.cudart().cudaHostRegister"))
 
     @staticmethod
     def cudaHostUnregister(ptr: int) -> _CudaError:  # noqa: N802
         """Undo the registration based at ``ptr``; see :func:`hostreg.host_unregister`."""
-        return _core._unregister("torch.cuda.cudart().cudaHostUnregister", ptr, logging.WARNING)
+        return _CudaError(_hostreg.host_unregister(ptr, "torch.cuda.cudart().cudaHostUnregister"))
 
     @staticmethod
     def cudaGetErrorString(error: int) -> str:  # noqa: N802
         """CUDA's message for a code ("invalid argument"), or "unrecognized error code"."""
-        return _hostreg.error_string(_core._int32(error, "error"))
+        return _hostreg.error_string(error)
 
     @staticmethod
     def cudaGetErrorName(error: int) -> str:  # noqa: N802
         """CUDA's name for a code ("cudaErrorInvalidValue"), or "unrecognized error code"."""
-        return _hostreg.error_name(_core._int32(error, "error"))
+        return _hostreg.error_name(error)
 
     # The calls below need a CUDA device; hostreg has none to offer, so it says so.
     @staticmethod

@@ -24,7 +24,7 @@ def _stage(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from . import models, stage
+    from . import models, stage_check
 
     out = Console()
     err = Console(stderr=True)
@@ -49,13 +49,13 @@ def _stage(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             if args.checkpoint:
                 source = str(args.checkpoint)
-                state_dict = stage.load_checkpoint(args.checkpoint)
+                state_dict = stage_check.load_checkpoint(args.checkpoint)
             else:
                 source = f"embedded model {args.model}"
                 state_dict = models.build(args.model).state_dict()
             load_s = time.perf_counter() - t0
-            report = stage.stage_state_dict(state_dict, engine=args.engine, progress=progress)
-    except stage.StagingError as e:
+            report = stage_check.stage_state_dict(state_dict, engine=args.engine, progress=progress)
+    except stage_check.StagingError as e:
         err.print(f"[bold red]hostreg stage: staging failed[/]\n{e}", highlight=False, soft_wrap=True)
         return 1
 

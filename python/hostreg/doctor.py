@@ -55,14 +55,6 @@ class Diagnosis:
     problems: list[str] = field(default_factory=list)  #: filled by verdict()
 
 
-def _cap_ipc_lock() -> bool:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) >> 14 & 1)
-    return False
-
-
 def _thp(path: str) -> str:
     try:
         with open(path, encoding="ascii") as f:
@@ -105,7 +97,7 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
     auto = next(b.name for b in backends if b.available)
     active = _hostreg.backend_name()
     reason = _hostreg.last_error()[2] if active == "none" else ""
-    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    memlock, cap_ipc_lock = _hostreg.lock_allowance()  # the C core's reading, as the posix backend's
     shm: int | None
     shm_free: int | None
     code, shm_dir = _hostreg.shared_memory_directory()  # the one staging will use, checked as staging checks it
@@ -122,8 +114,8 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
         requested=os.environ.get("HOSTREG_BACKEND") or "auto",
         active=active,
         active_reason=reason,
-        memlock_bytes=None if soft == resource.RLIM_INFINITY else soft,
-        cap_ipc_lock=_cap_ipc_lock(),
+        memlock_bytes=memlock,
+        cap_ipc_lock=cap_ipc_lock,
         shm_dir=shm_dir,
         shm_dir_problem=shm_problem,
         shm_bytes=shm,

@@ -3,15 +3,15 @@
 - The drop-in (:func:`install`, :func:`uninstall`, :func:`is_installed`; ``hostreg/_dropin.py``)
   makes ``torch.cuda.cudart()`` work where CUDA is absent, with real page-locking.
 - Staging (:func:`create_cpu_state_dict`, :func:`copy_state_dict`, :class:`Stager`,
-  :class:`Arena`; ``hostreg/_staging.py``, ``hostreg/_stager.py``) puts a whole state dict
+  :class:`Arena`; ``hostreg/_state_dict.py``, ``hostreg/_dcp_stager.py``) puts a whole state dict
   in one shared, registered arena.
 """
 
 from __future__ import annotations
 
 from ._dropin import install, is_installed, uninstall
-from ._stager import Stager
-from ._staging import ALIGNMENT, Arena, copy_state_dict, create_cpu_state_dict
+from ._dcp_stager import Stager
+from ._state_dict import ALIGNMENT, Arena, copy_state_dict, create_cpu_state_dict
 
 __all__ = [
     "ALIGNMENT",

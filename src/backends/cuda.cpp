@@ -32,7 +32,7 @@ namespace {
 using namespace cuda_abi;
 
 // Driver r580 and later refuse one registration of 512 GiB or more (page-table size cap;
-// docs/vendors.md, from xcena-dev/maru #64 and LMCache PR #5177): arenas split below that.
+// docs/vendors.md, from xcena-dev/maru #64 and LMCache PR #5177): hostregChunkedRegister splits below that.
 constexpr size_t kMaxRegistration = size_t{256} << 30;
 
 HOSTREG_DEFINE_API(HOSTREG_CUDA_SYMBOLS)

@@ -3,6 +3,7 @@
 // HOSTREG_BACKEND picks it: "auto" (default; the first available accelerator runtime, else
 // posix), a backend's name, or "none" (registration disabled: every register answers 801).
 // The choice is made once, on first use, and then fixed for the process.
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -51,12 +52,13 @@ const Backend* const kAllBackends[] = {&kCudaBackend, &kHipBackend, &kAclBackend
                                        &kMusaBackend, &kPosixBackend, nullptr};
 
 const Backend* active_backend(Status* why) {
-    static const Choice* choice = [] {  // once; leaked for use at exit
-        auto* c = new Choice(choose());
-        log(LogLevel::Info, c->backend ? std::string("backend ") + c->backend->name + " selected"
-                                       : "no backend: " + c->why.message);
-        return c;
-    }();
+    static const Choice* choice = new Choice(choose());  // once; leaked for use at exit
+    // Announced after the choice, outside its initialisation: a log handler may wait for
+    // something (a language's interpreter lock) that a thread waiting for the choice holds.
+    static std::atomic<bool> announced{false};
+    if (!announced.exchange(true))
+        log(LogLevel::Info, choice->backend ? std::string("backend ") + choice->backend->name + " selected"
+                                            : "no backend: " + choice->why.message);
     if (!choice->backend && why) *why = choice->why;
     return choice->backend;
 }

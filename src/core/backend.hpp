@@ -26,7 +26,7 @@ namespace hostreg {
 // What one backend can do on this machine, filled by its probe.
 struct Capabilities {
     unsigned flags = 0;                  // CUDA flag bits honoured; the others answer 801
-    size_t max_registration = SIZE_MAX;  // most bytes one registration may span (arenas split below)
+    size_t max_registration = SIZE_MAX;  // most bytes one registration may span (chunked registrations split below)
     size_t granule = 1;                  // 1: any address and size; else the runtime gets only
                                          // whole granules (a power of two, a multiple of the page)
     std::string library;                 // file actually loaded ("" for posix)

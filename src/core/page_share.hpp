@@ -11,7 +11,7 @@
 //     neighbouring registration may share (registrations never share a byte, so only edge
 //     granules can be shared). Each edge is registered with the runtime once, when its first
 //     holder arrives, and unregistered when its last holder leaves.
-// An aligned registration (every arena chunk) is one piece: a single runtime call.
+// An aligned registration (every chunk of a chunked registration) is one piece: a single runtime call.
 #pragma once
 
 #include <cstddef>

@@ -7,6 +7,9 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
+#include <mutex>
+#include <string>
 
 namespace hostreg {
 namespace {
@@ -63,21 +66,61 @@ const char* error_string(int code) {
     return c ? c->message : kUnrecognized;
 }
 
-void log(LogLevel level, const std::string& message) {
-    if (level < threshold()) return;
-    static const char* const kNames[] = {"debug", "info", "warning"};
-    std::fprintf(stderr, "hostreg %s: %s\n", kNames[static_cast<int>(level)], message.c_str());
+std::string with_commas(unsigned long long n) {
+    std::string s = std::to_string(n);
+    for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+    return s;
 }
 
-int record(const Status& s) {
+namespace {
+
+struct Handler {
+    hostregLogHandler fn;
+    void* context;
+    const Handler* older;  // every handler ever set stays reachable from g_made
+};
+// Set rarely (once, by a language binding), read at every event without a lock, so that no
+// fork() can leave one held: each setting is a new object, never freed, since an event on
+// another thread may still be using an older one.
+std::atomic<const Handler*> g_handler{nullptr};
+std::atomic<const Handler*> g_made{nullptr};
+std::mutex g_set;  // setters take turns (events never take it)
+
+// One event to the handler, or to stderr when none is set and HOSTREG_LOG_LEVEL asks for it.
+void emit(LogLevel level, const char* call, int code, long long native, const std::string& message) {
+    if (const Handler* h = g_handler.load(std::memory_order_acquire); h && h->fn)
+        return h->fn(h->context, static_cast<int>(level), call, code, native, message.c_str());
+    if (level < threshold()) return;
+    static const char* const kNames[] = {"debug", "info", "warning"};
+    std::string line = std::string("hostreg ") + kNames[static_cast<int>(level)] + ": ";
+    if (*call) line += std::string(call) + ": ";
+    if (code) line += std::string(error_name(code)) + " (" + std::to_string(code) + "), native " + std::to_string(native) + ": ";
+    std::fprintf(stderr, "%s%s\n", line.c_str(), message.c_str());
+}
+
+}  // namespace
+
+bool is_callers_error(int code) {
+    return code == hostregErrorInvalidValue || code == hostregErrorHostMemoryAlreadyRegistered ||
+           code == hostregErrorHostMemoryNotRegistered;
+}
+
+void log(LogLevel level, const std::string& message) { emit(level, "", 0, 0, message); }
+
+void set_log_handler(hostregLogHandler handler, void* context) {
+    std::lock_guard<std::mutex> g(g_set);
+    const Handler* h = nullptr;
+    if (handler) {
+        h = new Handler{handler, context, g_made.load()};
+        g_made.store(h);
+    }
+    g_handler.store(h, std::memory_order_release);
+}
+
+int record(const Status& s, const char* call) {
     if (s.is_ok()) return s.code;
     t_last = s;
-    const bool callers = s.code == hostregErrorInvalidValue || s.code == hostregErrorHostMemoryAlreadyRegistered ||
-                         s.code == hostregErrorHostMemoryNotRegistered;
-    if (threshold() != LogLevel::Off)
-        log(callers ? LogLevel::Debug : LogLevel::Warning,
-            std::string(error_name(s.code)) + " (" + std::to_string(s.code) + "), native " + std::to_string(s.native) +
-                ": " + s.message);
+    emit(is_callers_error(s.code) ? LogLevel::Debug : LogLevel::Warning, call ? call : "", s.code, s.native, s.message);
     return s.code;
 }
 

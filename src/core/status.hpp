@@ -32,16 +32,26 @@ const char* error_string(int code);
 // Is code a member of CUDA 13.0's enum cudaError?
 bool is_known_code(long long code);
 
+// A byte count for messages, with thousands separators ("2,147,483,648").
+std::string with_commas(unsigned long long n);
+
 // Records s as the calling thread's last failure (no-op for success) and returns s.code.
-int record(const Status& s);
+// call: the C ABI function that failed (its __func__), named in the log line.
+int record(const Status& s, const char* call = "");
 
 // The calling thread's last failure (code 0 if none).
 const Status& last_error();
 
-// Diagnostics on stderr, for HOSTREG_LOG_LEVEL=debug|info|warning (default: silent).
-// debug: every failure recorded; info: backend selection; warning: failures that are the
-// environment's, not the caller's (codes other than 1, 712, 713).
-enum class LogLevel { Debug = 0, Info = 1, Warning = 2, Off = 3 };
+// Diagnostics. Each event is logged once: to the handler set by hostregSetLogHandler when
+// there is one (it gets every event and decides what to keep), else to stderr for
+// HOSTREG_LOG_LEVEL=debug|info|warning (default: silent). The one severity rule: backend
+// selection is Info; a failure is Debug when it is the caller's mistake (is_callers_error),
+// else Warning (the environment's: cannot lock, no backend, not supported, ...).
+enum class LogLevel { Debug = HOSTREG_LOG_DEBUG, Info = HOSTREG_LOG_INFO, Warning = HOSTREG_LOG_WARNING, Off = 3 };
 void log(LogLevel level, const std::string& message);
+void set_log_handler(hostregLogHandler handler, void* context);
+
+// 1 (invalid value), 712 and 713: what the caller got wrong, not what the machine refused.
+bool is_callers_error(int code);
 
 }  // namespace hostreg

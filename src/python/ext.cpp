@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "hostreg/hostreg.h"
+#include "hostreg/staging.h"
 
 namespace nb = nanobind;
 
@@ -33,6 +34,78 @@ using RegTuple = std::tuple<uintptr_t, size_t, unsigned, uintptr_t, std::string>
 RegTuple to_tuple(const hostregRegistration& r) {
     return {as_int(r.base), r.bytes, r.flags, as_int(r.device_ptr), r.backend};
 }
+
+// Integer arguments, converted as the Python package documents them: anything with __index__
+// but bool, else TypeError; below 0 or not below `limit`, ValueError. Names are the Python ones.
+uint64_t int_arg(nb::handle value, const char* name, unsigned long long limit = ~0ull) {
+    if (PyBool_Check(value.ptr())) throw nb::type_error((std::string(name) + " must be an int, not bool").c_str());
+    PyObject* index = PyNumber_Index(value.ptr());
+    if (!index) {
+        PyErr_Clear();
+        throw nb::type_error(
+            (std::string(name) + " must be an int, not " + Py_TYPE(value.ptr())->tp_name).c_str());
+    }
+    nb::object i = nb::steal(index);
+    int overflow = 0;
+    const long long small = PyLong_AsLongLongAndOverflow(index, &overflow);
+    unsigned long long v = static_cast<unsigned long long>(small);
+    bool ok = overflow == 0 && small >= 0;
+    if (overflow > 0) {  // above LLONG_MAX: may still fit 64 bits
+        v = PyLong_AsUnsignedLongLong(index);
+        ok = !PyErr_Occurred();
+        PyErr_Clear();
+    }
+    // limit ~0ull stands for 2**64: every unsigned 64-bit value is below it.
+    if (!ok || (limit != ~0ull && v >= limit)) {
+        const std::string bound = limit == ~0ull ? "18446744073709551616" : std::to_string(limit);
+        throw nb::value_error((std::string(name) + " must be in [0, " + bound + "), got " +
+                               nb::str(i).c_str()).c_str());
+    }
+    return v;
+}
+constexpr unsigned long long kU32 = 1ull << 32;
+constexpr unsigned long long kI32 = 1ull << 31;
+
+// hostreg's diagnostics go to one Python callable, sink(level, call, code, native, message,
+// label), set by hostreg/_core.py; each event reaches it once (hostregSetLogHandler). label:
+// what host_register / host_unregister were called for (the drop-in names torch's call), else
+// None. The sink is called with the GIL, on the thread of the event.
+PyObject* g_log_sink = nullptr;  // a strong reference, kept until exit
+thread_local const char* t_label = nullptr;
+
+void to_sink(void*, int level, const char* call, int code, long long native, const char* message) {
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing();
+#else
+    const bool finalizing = _Py_IsFinalizing();
+#endif
+    if (!Py_IsInitialized() || finalizing) return;
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (PyObject* sink = g_log_sink) {
+        Py_INCREF(sink);  // set_log_sink() may replace it while it runs
+        PyObject *type, *value, *trace;
+        PyErr_Fetch(&type, &value, &trace);  // an exception being raised stays as it was
+        PyObject* r = PyObject_CallFunction(sink, "isiLsz", level, call, code, native, message, t_label);
+        if (r) {
+            Py_DECREF(r);
+        } else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {  // a Ctrl-C during logging:
+            PyErr_Clear();                                              // delivered again, not lost
+            PyErr_SetInterrupt();
+        } else {
+            PyErr_WriteUnraisable(sink);  // a failing logging handler must not fail the call
+        }
+        PyErr_Restore(type, value, trace);
+        Py_DECREF(sink);
+    }
+    PyGILState_Release(g);
+}
+
+// The label for the calls of one scope on this thread.
+struct Labelled {
+    explicit Labelled(const char* label) : saved(t_label) { t_label = label; }
+    ~Labelled() { t_label = saved; }
+    const char* saved;
+};
 
 // The staging buffers alive in this process, by first byte, each with its Python object
 // (borrowed: an entry goes when that object is destroyed). arena_of() finds the buffer a
@@ -184,41 +257,59 @@ NB_MODULE(_hostreg, m) {
     nb::set_leak_warnings(false);
 
     m.def(
-        "host_register",
-        [](uintptr_t ptr, size_t nbytes, unsigned flags) {
-            nb::gil_scoped_release nogil;
-            return hostregHostRegister(as_ptr(ptr), nbytes, flags);
+        "set_log_sink",
+        [](nb::object sink) {
+            PyObject* old = g_log_sink;
+            g_log_sink = sink.is_none() ? nullptr : sink.release().ptr();
+            hostregSetLogHandler(g_log_sink ? to_sink : nullptr, nullptr);
+            Py_XDECREF(old);
         },
-        nb::arg("ptr"), nb::arg("nbytes"), nb::arg("flags"),
-        "hostregHostRegister: page-lock nbytes bytes at address ptr. Returns a cudaError number.");
+        nb::arg("sink").none(),
+        "Send hostreg's diagnostics to sink(level, call, code, native, message, label) (0 debug, 1 info, "
+        "2 warning); None: back to stderr (HOSTREG_LOG_LEVEL).");
+    m.def(
+        "host_register",
+        [](nb::handle ptr, nb::handle nbytes, nb::handle flags, std::optional<std::string> label) {
+            const uint64_t p = int_arg(ptr, "ptr"), n = int_arg(nbytes, "nbytes"), f = int_arg(flags, "flags", kU32);
+            nb::gil_scoped_release nogil;
+            Labelled scope(label ? label->c_str() : nullptr);
+            return hostregHostRegister(as_ptr(p), n, static_cast<unsigned>(f));
+        },
+        nb::arg("ptr"), nb::arg("nbytes"), nb::arg("flags"), nb::arg("label").none() = nb::none(),
+        "hostregHostRegister: page-lock nbytes bytes at address ptr. Returns a cudaError number. label: what the "
+        "call is for, given to the log sink.");
     m.def(
         "host_unregister",
-        [](uintptr_t ptr) {
+        [](nb::handle ptr, std::optional<std::string> label) {
+            const uint64_t p = int_arg(ptr, "ptr");
             nb::gil_scoped_release nogil;
-            return hostregHostUnregister(as_ptr(ptr));
+            Labelled scope(label ? label->c_str() : nullptr);
+            return hostregHostUnregister(as_ptr(p));
         },
-        nb::arg("ptr"), "hostregHostUnregister: undo the registration based at ptr. Returns a cudaError number.");
+        nb::arg("ptr"), nb::arg("label").none() = nb::none(),
+        "hostregHostUnregister: undo the registration based at ptr. Returns a cudaError number.");
     m.def(
         "host_get_device_pointer",
-        [](uintptr_t ptr, unsigned flags) {
+        [](nb::handle ptr, nb::handle flags) {
             void* dev = nullptr;
-            int code = hostregHostGetDevicePointer(&dev, as_ptr(ptr), flags);
+            const uint64_t p = int_arg(ptr, "ptr"), f = int_arg(flags, "flags", kU32);
+            int code = hostregHostGetDevicePointer(&dev, as_ptr(p), static_cast<unsigned>(f));
             return std::make_tuple(code, as_int(dev));
         },
         nb::arg("ptr"), nb::arg("flags") = 0, "Returns (cudaError number, device address).");
     m.def(
         "host_get_flags",
-        [](uintptr_t ptr) {
+        [](nb::handle ptr) {
             unsigned flags = 0;
-            int code = hostregHostGetFlags(&flags, as_ptr(ptr));
+            int code = hostregHostGetFlags(&flags, as_ptr(int_arg(ptr, "ptr")));
             return std::make_tuple(code, flags);
         },
         nb::arg("ptr"), "Returns (cudaError number, registration flags).");
     m.def(
         "registration",
-        [](uintptr_t ptr) -> std::optional<RegTuple> {
+        [](nb::handle ptr) -> std::optional<RegTuple> {
             hostregRegistration r{};
-            if (hostregPointerGetRegistration(as_ptr(ptr), &r) != hostregSuccess) return std::nullopt;
+            if (hostregPointerGetRegistration(as_ptr(int_arg(ptr, "ptr")), &r) != hostregSuccess) return std::nullopt;
             return to_tuple(r);
         },
         nb::arg("ptr"),
@@ -244,8 +335,13 @@ NB_MODULE(_hostreg, m) {
             return std::make_tuple(st.registrations, st.bytes_registered, st.bytes_locked);
         },
         "(live registrations, bytes registered, bytes in the distinct pages they cover).");
-    m.def("error_name", &hostregGetErrorName, nb::arg("code"), "CUDA's name for a cudaError number.");
-    m.def("error_string", &hostregGetErrorString, nb::arg("code"), "CUDA's message for a cudaError number.");
+    m.def(
+        "error_name", [](nb::handle code) { return hostregGetErrorName(static_cast<int>(int_arg(code, "error", kI32))); },
+        nb::arg("code"), "CUDA's name for a cudaError number.");
+    m.def(
+        "error_string",
+        [](nb::handle code) { return hostregGetErrorString(static_cast<int>(int_arg(code, "error", kI32))); },
+        nb::arg("code"), "CUDA's message for a cudaError number.");
     m.def(
         "last_error",
         []() {
@@ -366,5 +462,14 @@ NB_MODULE(_hostreg, m) {
         nb::arg("name"),
         "hostregBackendCapabilities: (cudaError number, flags, max_registration bytes, granule bytes, library, "
         "version, note, reason) for one backend.");
+    m.def(
+        "lock_allowance",
+        []() {
+            unsigned long long limit = 0;
+            int cap = 0;
+            hostregLockAllowance(&limit, &cap);
+            return std::make_tuple(limit == ~0ull ? std::optional<unsigned long long>() : limit, cap != 0);
+        },
+        "hostregLockAllowance: (RLIMIT_MEMLOCK soft limit in bytes or None when unlimited, CAP_IPC_LOCK held).");
     m.def("version", &hostregVersion, "Version of the C library.");
 }

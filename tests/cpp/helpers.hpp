@@ -13,45 +13,9 @@
 #include <vector>
 
 #include "hostreg/hostreg.h"
+#include "support/memory.hpp"  // page(), vmlck_kb(), pages_kb(), Mapping
 
 namespace hrtest {
-
-inline size_t page() {
-    static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    return p;
-}
-
-// The kernel's count of this process's locked memory (VmLck in /proc/self/status), in kB.
-inline long vmlck_kb() {
-    std::ifstream f("/proc/self/status");
-    std::string line;
-    while (std::getline(f, line))
-        if (line.rfind("VmLck:", 0) == 0) return std::stol(line.substr(6));
-    return -1;
-}
-
-inline long pages_kb(size_t n) { return static_cast<long>(n * page() / 1024); }
-
-// A fresh private anonymous mapping of n pages, unmapped on destruction.
-class Mapping {
-public:
-    explicit Mapping(size_t pages, int prot = PROT_READ | PROT_WRITE) : len_(pages * page()) {
-        void* p = mmap(nullptr, len_, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        base_ = (p == MAP_FAILED) ? nullptr : static_cast<char*>(p);
-    }
-    ~Mapping() {
-        if (base_) munmap(base_, len_);
-    }
-    Mapping(const Mapping&) = delete;
-    Mapping& operator=(const Mapping&) = delete;
-    char* get() const { return base_; }
-    char* page_at(size_t i) const { return base_ + i * page(); }
-    size_t size() const { return len_; }
-
-private:
-    size_t len_;
-    char* base_;
-};
 
 inline hostregStats stats() {
     hostregStats s{};

@@ -24,6 +24,7 @@
 
 #include "helpers.hpp"
 #include "hostreg/hostreg.h"
+#include "hostreg/staging.h"
 
 namespace {
 
@@ -252,14 +253,14 @@ TEST_F(Faults, AnMlockThatFailsPartWayLeavesNothingLocked) {
     }
 }
 
-TEST_F(Faults, AnArenaChunkThatCannotBeLockedUndoesTheOthers) {
+TEST_F(Faults, AChunkThatCannotBeLockedUndoesTheOthers) {
     Mapping m(64);
     for (int nth : {1, 3, 8}) {
-        hostregArena* arena = reinterpret_cast<hostregArena*>(1);
+        hostregChunkedRegistration* chunked = reinterpret_cast<hostregChunkedRegistration*>(1);
         arm(f_mlock, nth, ENOMEM, /*partial=*/true);
-        EXPECT_EQ(hostregArenaRegister(m.get(), m.size(), 0, 8 * page(), &arena), hostregErrorMemoryAllocation);
-        EXPECT_EQ(arena, nullptr);
-        expect_nothing_left("arena chunk");
+        EXPECT_EQ(hostregChunkedRegister(m.get(), m.size(), 0, 8 * page(), &chunked), hostregErrorMemoryAllocation);
+        EXPECT_EQ(chunked, nullptr);
+        expect_nothing_left("chunked registration");
     }
 }
 
@@ -347,10 +348,10 @@ TEST_F(Faults, NoInjectionMeansNoFailure) {
     // The interposers forward faithfully: the same calls succeed when nothing is armed.
     Shared s(32u << 20);
     ASSERT_EQ(hostregPrepareMemory(s.p, s.bytes, s.fd), 0);
-    hostregArena* arena = nullptr;
-    ASSERT_EQ(hostregArenaRegister(s.p, s.bytes, 0, 0, &arena), 0) << hrtest::last_message();
+    hostregChunkedRegistration* chunked = nullptr;
+    ASSERT_EQ(hostregChunkedRegister(s.p, s.bytes, 0, 0, &chunked), 0) << hrtest::last_message();
     EXPECT_GE(vmlck_kb() - vmlck0_, static_cast<long>(s.bytes / 1024));
-    ASSERT_EQ(hostregArenaUnregister(arena), 0);
+    ASSERT_EQ(hostregChunkedUnregister(chunked), 0);
     EXPECT_EQ(vmlck_kb(), vmlck0_);
 }
 

@@ -1,4 +1,4 @@
-// test_parallel.cpp: core/parallel.hpp's split covers every byte exactly once, for lengths and
+// test_parallel.cpp: staging/parallel.hpp's split covers every byte exactly once, for lengths and
 // part counts chosen at random (a property test: 20,000 cases from a fixed seed, plus the
 // edges), and run_parts runs every part once whatever the OS refuses.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "core/parallel.hpp"
+#include "staging/parallel.hpp"
 
 namespace {
 

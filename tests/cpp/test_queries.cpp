@@ -320,3 +320,43 @@ TEST_F(Queries, LastErrorIsPerThread) {
     EXPECT_EQ(hostregGetLastError(nullptr, &msg), hostregErrorHostMemoryNotRegistered);
     EXPECT_EQ(std::string(msg), mine);
 }
+
+namespace {
+struct Event {
+    int level, code;
+    long long native;
+    std::string call, message;
+};
+void collect(void* context, int level, const char* call, int code, long long native, const char* message) {
+    static_cast<std::vector<Event>*>(context)->push_back(Event{level, code, native, call, message});
+}
+}  // namespace
+
+// Rule: with a log handler, every failure reaches it exactly once, naming the C function,
+// at the one severity rule's level: the caller's mistakes (1, 712, 713) debug, the
+// environment's (801 here: posix cannot honour IoMemory) warning; successes are not events.
+TEST_F(Queries, LogHandlerGetsEachFailureOnceAtItsLevel) {
+    Mapping m(2);
+    ASSERT_NE(m.get(), nullptr);
+    std::vector<Event> events;
+    hostregBackendName();  // the backend's selection (an info event) is not part of this test
+    hostregSetLogHandler(collect, &events);
+    EXPECT_EQ(hostregHostUnregister(m.get()), hostregErrorHostMemoryNotRegistered);
+    EXPECT_EQ(hostregHostRegister(m.get(), page(), HOSTREG_HOST_REGISTER_IO_MEMORY), hostregErrorNotSupported);
+    ASSERT_EQ(hostregHostRegister(m.get(), page(), 0), hostregSuccess);
+    EXPECT_EQ(hostregHostRegister(m.get(), page(), 0), hostregErrorHostMemoryAlreadyRegistered);
+    ASSERT_EQ(hostregHostUnregister(m.get()), hostregSuccess);
+    hostregSetLogHandler(nullptr, nullptr);
+    EXPECT_EQ(hostregHostUnregister(m.get()), hostregErrorHostMemoryNotRegistered);  // not collected
+
+    ASSERT_EQ(events.size(), 3u);
+    EXPECT_EQ(events[0].call, "hostregHostUnregister");
+    EXPECT_EQ(events[0].code, hostregErrorHostMemoryNotRegistered);
+    EXPECT_EQ(events[0].level, HOSTREG_LOG_DEBUG);
+    EXPECT_EQ(events[1].call, "hostregHostRegister");
+    EXPECT_EQ(events[1].code, hostregErrorNotSupported);
+    EXPECT_EQ(events[1].level, HOSTREG_LOG_WARNING);
+    EXPECT_FALSE(events[1].message.empty());
+    EXPECT_EQ(events[2].code, hostregErrorHostMemoryAlreadyRegistered);
+    EXPECT_EQ(events[2].level, HOSTREG_LOG_DEBUG);
+}

@@ -19,6 +19,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/memory.hpp"  // page(), vmlck_kb(), pages_kb(), Mapping
+
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -37,50 +39,16 @@ namespace hrd_test {
 // ---------------------------------------------------------------------------------------
 // Memory helpers
 
-inline size_t page() {
-    static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    return p;
-}
-
-// The kernel's count of this process's locked memory, in kB.
-inline long vmlck_kb() {
-    std::ifstream f("/proc/self/status");
-    std::string line;
-    while (std::getline(f, line))
-        if (line.rfind("VmLck:", 0) == 0) return std::stol(line.substr(6));
-    return -1;
-}
-
-inline long pages_kb(size_t n) { return static_cast<long>(n * page() / 1024); }
-
-// A private anonymous mapping of `bytes` whose start (get()) is aligned to `align` (a power
-// of two, at least a page), unmapped on destruction.
-class Mapping {
-public:
-    explicit Mapping(size_t bytes, size_t align = 0) : len_(bytes + align) {
-        void* p = mmap(nullptr, len_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        raw_ = (p == MAP_FAILED) ? nullptr : static_cast<char*>(p);
-        uintptr_t a = reinterpret_cast<uintptr_t>(raw_);
-        if (raw_ && align) a = (a + align - 1) & ~(uintptr_t{align} - 1);
-        base_ = reinterpret_cast<char*>(a);
-    }
-    ~Mapping() {
-        if (raw_) munmap(raw_, len_);
-    }
-    Mapping(const Mapping&) = delete;
-    Mapping& operator=(const Mapping&) = delete;
-    char* get() const { return base_; }
-
-private:
-    size_t len_;
-    char* raw_;
-    char* base_;
-};
+using hrtest::Bytes;
+using hrtest::Mapping;
+using hrtest::page;
+using hrtest::pages_kb;
+using hrtest::vmlck_kb;
 
 // Three pages with the middle one unmapped: mlock of the whole range fails (ENOMEM).
 class Holey {
 public:
-    Holey() : map_(3 * page()) {
+    Holey() : map_(3) {
         if (map_.get()) munmap(map_.get() + page(), page());
     }
     char* get() const { return map_.get(); }

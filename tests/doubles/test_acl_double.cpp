@@ -132,7 +132,7 @@ TEST_F(AclDouble, NoDeviceKnob) {
 // thread, else 107002: before SetDevice, on another thread, after ResetDevice, after
 // aclFinalize.
 TEST_F(AclDouble, MemoryCallsNeedACurrentContext) {
-    Mapping m(k64K, k64K);
+    Mapping m(Bytes{k64K}, k64K);
     void* d = nullptr;
     auto all_107002 = [&](const char* when) {
         EXPECT_EQ(aclrtHostRegister(m.get(), k64K, 0, &d), 107002) << when;
@@ -160,7 +160,7 @@ TEST_F(AclDouble, MemoryCallsNeedACurrentContext) {
 // the flag or type (api_error.cc: 107000 / 207000), then the context (107002), then the
 // driver (alignment 507899).
 TEST_F(AclDouble, ChecksComeInTheRuntimesOrder) {
-    Mapping m(2 * k64K, k64K);
+    Mapping m(Bytes{2 * k64K}, k64K);
     void* d = nullptr;
     ASSERT_EQ(aclInit(nullptr), 0);  // no device set: no context
     EXPECT_EQ(aclrtHostRegisterV2(nullptr, k64K, 0x1), 100000);
@@ -180,7 +180,7 @@ TEST_F(AclDouble, ChecksComeInTheRuntimesOrder) {
 // Rule: NULL pointer or size 0 -> 100000 (and NULL devPtr for V1, NULL out pointers).
 TEST_F(AclDouble, NullPointerOrSizeZeroIsInvalidParam) {
     ASSERT_NO_FATAL_FAILURE(init_and_set());
-    Mapping m(k64K, k64K);
+    Mapping m(Bytes{k64K}, k64K);
     void* d = nullptr;
     EXPECT_EQ(aclrtHostRegister(nullptr, k64K, 0, &d), 100000);
     EXPECT_EQ(aclrtHostRegister(m.get(), 0, 0, &d), 100000);
@@ -199,7 +199,7 @@ TEST_F(AclDouble, NullPointerOrSizeZeroIsInvalidParam) {
 // on, and the driver refuses them as reserved (207000), with or without pin-register.
 TEST_F(AclDouble, RegisterV2ValidatesTheFlag) {
     ASSERT_NO_FATAL_FAILURE(init_and_set());
-    Mapping m(k64K, k64K);
+    Mapping m(Bytes{k64K}, k64K);
     EXPECT_EQ(aclrtHostRegisterV2(m.get(), k64K, 0), 107000);
     EXPECT_EQ(aclrtHostRegisterV2(m.get(), k64K, 0x1), 107000);  // CUDA's Portable
     EXPECT_EQ(aclrtHostRegisterV2(m.get(), k64K, 0x20000000), 107000);
@@ -224,7 +224,7 @@ TEST_F(AclDouble, RegisterV2ValidatesTheFlag) {
 // the driver refuses IOMEMORY (4) and READONLY (8) as reserved (207000 too).
 TEST_F(AclDouble, RegisterV1Types) {
     ASSERT_NO_FATAL_FAILURE(init_and_set());
-    Mapping m(k64K, k64K);
+    Mapping m(Bytes{k64K}, k64K);
     void* d = nullptr;
     for (int type : {1, 2, 16, -1}) {
         EXPECT_EQ(aclrtHostRegister(m.get(), k64K, type, &d), 207000) << type;
@@ -243,7 +243,7 @@ TEST_F(AclDouble, RegisterV1Types) {
 // address.
 TEST_F(AclDouble, WhatReachesTheDriverNeeds4KiBAlignment) {
     ASSERT_NO_FATAL_FAILURE(init_and_set());
-    Mapping m(2 * k64K, k64K);
+    Mapping m(Bytes{2 * k64K}, k64K);
     char* odd = m.get() + 100;
     void* d = nullptr;
     for (const char* pin : {"0", "1"}) {
@@ -269,7 +269,7 @@ TEST_F(AclDouble, PinnedOnlyLocksNothingWithoutPinRegister) {
     ASSERT_NO_FATAL_FAILURE(init_and_set());
     auto records = reinterpret_cast<long (*)()>(lib_->sym("hostreg_double_acl_pinned_records"));
     ASSERT_NE(records, nullptr);
-    Mapping m(k64K, k64K);
+    Mapping m(Bytes{k64K}, k64K);
     ASSERT_EQ(aclrtHostRegisterV2(m.get(), k64K, kPinned), 0);
     EXPECT_EQ(locked_kb(), 0) << "a PINNED-only range is not locked";
     EXPECT_EQ(records(), 1);
@@ -292,7 +292,7 @@ TEST_F(AclDouble, PinnedOnlyLocksNothingWithoutPinRegister) {
 TEST_F(AclDouble, PinnedLocksWithPinRegister) {
     ASSERT_NO_FATAL_FAILURE(init_and_set());
     setenv("HOSTREG_DOUBLE_ACL_PIN_REGISTER", "1", 1);
-    Mapping m(k64K, k64K);
+    Mapping m(Bytes{k64K}, k64K);
     for (uint32_t flag : {kPinned, kMapped, kPinned | kMapped}) {
         ASSERT_EQ(aclrtHostRegisterV2(m.get(), k64K, flag), 0) << std::hex << flag;
         EXPECT_EQ(locked_kb(), static_cast<long>(k64K / 1024)) << std::hex << flag;
@@ -305,7 +305,7 @@ TEST_F(AclDouble, PinnedLocksWithPinRegister) {
 // busy); unregister of anything but a live base -> 507911.
 TEST_F(AclDouble, OverlapAndUnknownPointer) {
     ASSERT_NO_FATAL_FAILURE(init_and_set());
-    Mapping m(2 * k64K, k64K);
+    Mapping m(Bytes{2 * k64K}, k64K);
     char* p = m.get();
     void* d = nullptr;
     for (const char* pin : {"0", "1"}) {
@@ -328,7 +328,7 @@ TEST_F(AclDouble, OverlapAndUnknownPointer) {
 // (register_memory.cc GetMappedDevicePointer); flag != 0 -> 100000; else 107000.
 TEST_F(AclDouble, DevicePointerOnlyAtTheBaseOfAMappedRegistration) {
     ASSERT_NO_FATAL_FAILURE(init_and_set());
-    Mapping m(3 * k64K, k64K);
+    Mapping m(Bytes{3 * k64K}, k64K);
     char* v1 = m.get();
     char* v2_mapped = m.get() + k64K;
     char* v2_pinned = m.get() + 2 * k64K + 3;
@@ -363,7 +363,7 @@ TEST_F(AclDouble, LockFailureIsMemoryAllocation) {
 // failure); the text names the code. Another thread has its own.
 TEST_F(AclDouble, EveryFailureSetsTheRecentErrorMessage) {
     EXPECT_EQ(aclGetRecentErrMsg(), nullptr);
-    Mapping m(2 * k64K, k64K);
+    Mapping m(Bytes{2 * k64K}, k64K);
     void* d = nullptr;
     int32_t dev = 0;
     std::vector<std::pair<int, std::function<int()>>> failing = {
@@ -421,7 +421,7 @@ protected:
 TEST_F(AclV1Double, HasNoRegisterV2AndV1Works) {
     EXPECT_EQ(lib_->sym("aclrtHostRegisterV2"), nullptr);
     ASSERT_NO_FATAL_FAILURE(init_and_set());
-    Mapping m(k64K, k64K);
+    Mapping m(Bytes{k64K}, k64K);
     void* d = nullptr;
     EXPECT_EQ(aclrtHostRegister(m.get() + 8, page(), 0, &d), 507899);
     EXPECT_EQ(aclrtHostRegister(m.get(), k64K, 8, &d), 207000);

@@ -76,7 +76,7 @@ protected:
 // Rule: before cuInit(0) succeeds every call answers 3, except cuDriverGetVersion and
 // cuGetError*; nothing gets registered.
 TEST_F(CudaDouble, EveryCallAnswersNotInitializedBeforeCuInit) {
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     int n = 0;
     CUdevice dev = 0;
     CUcontext ctx = nullptr;
@@ -142,7 +142,7 @@ TEST_F(CudaDouble, StubKnobAnswersStubLibraryEverywhere) {
     unsetenv("HOSTREG_DOUBLE_STUB");
     ASSERT_NO_FATAL_FAILURE(init_and_push());
     setenv("HOSTREG_DOUBLE_STUB", "1", 1);
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     EXPECT_EQ(cuDeviceGetCount(&v), 34);
     EXPECT_EQ(cuMemHostRegister_v2(m.get(), page(), 0), 34);
     EXPECT_EQ(lib_->live(), 0);
@@ -173,7 +173,7 @@ TEST_F(CudaDouble, DeviceCountAndOrdinalsFollowTheKnob) {
 // Rule: the current context is per thread and starts NULL; memory calls without one -> 201.
 TEST_F(CudaDouble, MemoryCallsNeedACurrentContextOnTheCallingThread) {
     ASSERT_EQ(cuInit(0), 0);
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     CUcontext cur = reinterpret_cast<CUcontext>(1);
     CUdeviceptr dptr = 0;
     unsigned flags = 0;
@@ -220,7 +220,7 @@ TEST_F(CudaDouble, RegistrationsBelongToTheirContext) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());  // device 0's primary context current
     CUcontext other = nullptr;
     ASSERT_EQ(cuDevicePrimaryCtxRetain(&other, 1), 0);
-    Mapping m(2 * page());
+    Mapping m(Bytes{2 * page()});
     char* plain = m.get();
     char* portable = m.get() + page();
     ASSERT_EQ(cuMemHostRegister_v2(plain, page(), 0), 0);
@@ -293,7 +293,7 @@ TEST_F(CudaDouble, ContextStackPushPopAndSetCurrent) {
 // has it current gets 201 from memory calls; releasing again -> 201.
 TEST_F(CudaDouble, ReleasedPrimaryContextIsNotUsable) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     ASSERT_EQ(cuDevicePrimaryCtxRelease_v2(0), 0);
     EXPECT_EQ(cuMemHostRegister_v2(m.get(), page(), 0), 201);
     EXPECT_EQ(cuDevicePrimaryCtxRelease_v2(0), 201);
@@ -308,7 +308,7 @@ TEST_F(CudaDouble, ReleasedPrimaryContextIsNotUsable) {
 // Rule: register: NULL, 0 bytes, flag bits outside 0xF, a wrapping range -> 1.
 TEST_F(CudaDouble, RegisterRejectsInvalidArguments) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     EXPECT_EQ(cuMemHostRegister_v2(nullptr, page(), 0), 1);
     EXPECT_EQ(cuMemHostRegister_v2(m.get(), 0, 0), 1);
     EXPECT_EQ(cuMemHostRegister_v2(m.get(), page(), 0x10), 1);
@@ -322,7 +322,7 @@ TEST_F(CudaDouble, RegisterRejectsInvalidArguments) {
 // cuMemHostGetFlags returns the flags registered.
 TEST_F(CudaDouble, RegisterAcceptsEveryDocumentedFlag) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     for (unsigned flags = 0; flags <= 0xF; ++flags) {
         ASSERT_EQ(cuMemHostRegister_v2(m.get(), 100, flags), 0) << flags;
         unsigned got = 0xFFFF;
@@ -337,7 +337,7 @@ TEST_F(CudaDouble, RegisterAcceptsEveryDocumentedFlag) {
 TEST_F(CudaDouble, NoReadOnlyKnobRefusesReadOnly) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());
     setenv("HOSTREG_DOUBLE_NO_READONLY", "1", 1);
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     EXPECT_EQ(cuMemHostRegister_v2(m.get(), page(), 0x8), 801);
     EXPECT_EQ(cuMemHostRegister_v2(m.get(), page(), 0x9), 801);
     ASSERT_EQ(cuMemHostRegister_v2(m.get(), page(), 0x1), 0);
@@ -347,7 +347,7 @@ TEST_F(CudaDouble, NoReadOnlyKnobRefusesReadOnly) {
 // Rule: any byte in common with a live registration -> 712; touching ranges are fine.
 TEST_F(CudaDouble, AnyOverlapIsAlreadyRegistered) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());
-    Mapping m(5 * page());
+    Mapping m(Bytes{5 * page()});
     char* p = m.get();
     const size_t pg = page();
     ASSERT_EQ(cuMemHostRegister_v2(p + pg, 2 * pg, 0), 0);  // [1, 3) pages
@@ -367,7 +367,7 @@ TEST_F(CudaDouble, AnyOverlapIsAlreadyRegistered) {
 // Rule: unregister needs the exact base of a live registration, else 713.
 TEST_F(CudaDouble, UnregisterNeedsTheExactBase) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());
-    Mapping m(2 * page());
+    Mapping m(Bytes{2 * page()});
     EXPECT_EQ(cuMemHostUnregister(m.get()), 713);  // never registered
     ASSERT_EQ(cuMemHostRegister_v2(m.get(), 2 * page(), 0), 0);
     EXPECT_EQ(cuMemHostUnregister(m.get() + 1), 713);       // interior
@@ -390,7 +390,7 @@ TEST_F(CudaDouble, MlockFailureIsOutOfMemory) {
 // Rule: a success really locks every page the range touches (VmLck); unregister unlocks.
 TEST_F(CudaDouble, RegisterReallyLocksPages) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());
-    Mapping m(16 * page());
+    Mapping m(Bytes{16 * page()});
     ASSERT_EQ(cuMemHostRegister_v2(m.get(), 16 * page(), 0), 0);
     EXPECT_EQ(locked_kb(), pages_kb(16));
     ASSERT_EQ(cuMemHostUnregister(m.get()), 0);
@@ -405,7 +405,7 @@ TEST_F(CudaDouble, RegisterReallyLocksPages) {
 // Rule: a page two registrations share stays locked until both are gone.
 TEST_F(CudaDouble, SharedEdgePageStaysLockedWhileANeighbourHoldsIt) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());
-    Mapping m(3 * page());
+    Mapping m(Bytes{3 * page()});
     char* a = m.get();                 // [0, 1.5 pages)
     char* b = m.get() + page() + 100;  // [1.5 pages, 3 pages)
     for (bool a_first : {true, false}) {
@@ -423,7 +423,7 @@ TEST_F(CudaDouble, SharedEdgePageStaysLockedWhileANeighbourHoldsIt) {
 // registration); flags != 0, NULL out or an unregistered address -> 1.
 TEST_F(CudaDouble, DevicePointerIsNotTheHostAddress) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());
-    Mapping m(2 * page());
+    Mapping m(Bytes{2 * page()});
     char* p = m.get();
     ASSERT_EQ(cuMemHostRegister_v2(p, page(), 0), 0);
     CUdeviceptr d = 0;
@@ -466,7 +466,7 @@ TEST_F(CudaDouble, ErrorNamesAndStrings) {
 // rejected one), live registrations; reset zeroes counters but keeps registrations.
 TEST_F(CudaDouble, InspectionApiRecordsCalls) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     EXPECT_EQ(lib_->calls("cuInit"), 1);
     EXPECT_EQ(lib_->calls("cuCtxPushCurrent_v2"), 1);
     EXPECT_EQ(lib_->calls("cuMemHostRegister_v2"), 0);
@@ -496,7 +496,7 @@ TEST_F(CudaDouble, InspectionApiRecordsCalls) {
 TEST_F(CudaDouble, ConcurrentRegistrationsKeepLocksExact) {
     ASSERT_NO_FATAL_FAILURE(init_and_push());
     constexpr int kThreads = 8, kSlices = 64, kRounds = 30;
-    Mapping m((kSlices + 1) * page());
+    Mapping m(Bytes{(kSlices + 1) * page()});
     auto slice = [&](int i) { return m.get() + page() / 2 + static_cast<size_t>(i) * page(); };
     std::vector<int> failures(kThreads, 0);
     auto phase = [&](bool reg) {

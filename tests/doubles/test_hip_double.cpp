@@ -51,7 +51,7 @@ TEST_F(HipDouble, DeviceCountFollowsTheKnob) {
     setenv("HOSTREG_DOUBLE_DEVICES", "0", 1);
     EXPECT_EQ(hipGetDeviceCount(&n), 100);
     EXPECT_EQ(n, 0);
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     void* d = nullptr;
     unsigned flags = 0;
     EXPECT_EQ(hipHostRegister(m.get(), page(), 0), 101);
@@ -76,7 +76,7 @@ TEST_F(HipDouble, VersionsAreReported) {
 // Rule (clr ihipHostRegister): only 0x1|0x2|0x4|0x8|0x80000000 are known (else 1); NULL,
 // 0 bytes, a wrapping range -> 1. Every known combination registers.
 TEST_F(HipDouble, RegisterValidatesArgumentsAndFlags) {
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     EXPECT_EQ(hipHostRegister(m.get(), page(), 0x10), 1);
     EXPECT_EQ(hipHostRegister(m.get(), page(), 0x40000000), 1);
     EXPECT_EQ(hipHostRegister(nullptr, page(), 0), 1);
@@ -95,7 +95,7 @@ TEST_F(HipDouble, RegisterValidatesArgumentsAndFlags) {
 // Rule: bit 0x8 (ReadOnly) changes nothing: clr registers every range the same way; IoMemory
 // marks it as I/O memory. The raw flags of every call reach the recorder unchanged.
 TEST_F(HipDouble, ReadOnlyIsIgnoredIoMemoryIsKept) {
-    Mapping m(2 * page());
+    Mapping m(Bytes{2 * page()});
     char* a = m.get();
     char* b = m.get() + page();
     ASSERT_EQ(hipHostRegister(a, page(), 0x8), 0);
@@ -112,7 +112,7 @@ TEST_F(HipDouble, ReadOnlyIsIgnoredIoMemoryIsKept) {
 // Rule: clr never answers 712: overlapping ranges register, and their pages stay locked while
 // any of them is registered (ROCr keeps overlapping locks). Unknown pointer -> 713.
 TEST_F(HipDouble, OverlapsRegisterAndKeepTheirLocks) {
-    Mapping m(4 * page());
+    Mapping m(Bytes{4 * page()});
     char* p = m.get();
     ASSERT_EQ(hipHostRegister(p + page(), page(), 0), 0);
     ASSERT_EQ(hipHostRegister(p, 2 * page(), 0), 0);
@@ -129,7 +129,7 @@ TEST_F(HipDouble, OverlapsRegisterAndKeepTheirLocks) {
 // Rule: unregistering a pointer inside a registration that is not its base aborts the
 // process, as clr's guarantee() does.
 TEST_F(HipDouble, UnregisterOfAnInteriorPointerAborts) {
-    Mapping m(2 * page());
+    Mapping m(Bytes{2 * page()});
     ASSERT_EQ(hipHostRegister(m.get(), 2 * page(), 0), 0);
     EXPECT_DEATH(hipHostUnregister(m.get() + 8), "clr aborts");
     ASSERT_EQ(hipHostUnregister(m.get()), 0);
@@ -137,7 +137,7 @@ TEST_F(HipDouble, UnregisterOfAnInteriorPointerAborts) {
 
 // Rule: real locking, VmLck; shared edge pages survive a neighbour's unregister.
 TEST_F(HipDouble, RegisterReallyLocksPages) {
-    Mapping m(8 * page());
+    Mapping m(Bytes{8 * page()});
     ASSERT_EQ(hipHostRegister(m.get(), 8 * page(), 0), 0);
     EXPECT_EQ(locked_kb(), pages_kb(8));
     ASSERT_EQ(hipHostUnregister(m.get()), 0);
@@ -163,7 +163,7 @@ TEST_F(HipDouble, PinFailureIsInvalidValue) {
 
 // Rule: device pointer = host + 0x200000000000; flags != 0, NULL out, unregistered -> 1.
 TEST_F(HipDouble, DevicePointerIsNotTheHostAddress) {
-    Mapping m(2 * page());
+    Mapping m(Bytes{2 * page()});
     char* p = m.get();
     ASSERT_EQ(hipHostRegister(p, page(), 0x2), 0);
     void* d = nullptr;

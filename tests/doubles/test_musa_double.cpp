@@ -48,7 +48,7 @@ TEST_F(MusaDouble, DeviceCountAndVersion) {
     setenv("HOSTREG_DOUBLE_DEVICES", "0", 1);
     EXPECT_EQ(musaGetDeviceCount(&n), 100);
     EXPECT_EQ(n, 0);
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     EXPECT_EQ(musaHostRegister(m.get(), page(), 0), 100);
     EXPECT_EQ(musaHostUnregister(m.get()), 100);
     EXPECT_EQ(lib_->live(), 0);
@@ -56,7 +56,7 @@ TEST_F(MusaDouble, DeviceCountAndVersion) {
 
 // Rule: CUDA's flags (0..0xF accepted, other bits -> 1); NULL, 0 bytes, wrap -> 1.
 TEST_F(MusaDouble, RegisterValidatesArgumentsAndFlags) {
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     EXPECT_EQ(musaHostRegister(m.get(), page(), 0x10), 1);
     EXPECT_EQ(musaHostRegister(m.get(), page(), 0x80000000u), 1);
     EXPECT_EQ(musaHostRegister(nullptr, page(), 0), 1);
@@ -74,7 +74,7 @@ TEST_F(MusaDouble, RegisterValidatesArgumentsAndFlags) {
 
 // Rule: overlap -> 712; unregister of anything but a live base -> 713; real locking.
 TEST_F(MusaDouble, OverlapUnknownPointerAndLocking) {
-    Mapping m(4 * page());
+    Mapping m(Bytes{4 * page()});
     char* p = m.get();
     ASSERT_EQ(musaHostRegister(p + 10, 2 * page(), 0), 0);  // pages 0..2
     EXPECT_EQ(locked_kb(), pages_kb(3));
@@ -94,7 +94,7 @@ TEST_F(MusaDouble, OverlapUnknownPointerAndLocking) {
 
 // Rule: device pointer = host + 0x400000000000; flags != 0, NULL out, unregistered -> 1.
 TEST_F(MusaDouble, DevicePointerIsNotTheHostAddress) {
-    Mapping m(2 * page());
+    Mapping m(Bytes{2 * page()});
     char* p = m.get();
     ASSERT_EQ(musaHostRegister(p, page(), 0x2), 0);
     void* d = nullptr;

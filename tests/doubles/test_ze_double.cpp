@@ -83,7 +83,7 @@ TEST_F(ZeDouble, InitFindsTheDriverOrNone) {
 // Rule (host_pointer_manager.cpp): the import's answers, in its order; it locks nothing.
 TEST_F(ZeDouble, ImportFollowsTheHostPointerManager) {
     ASSERT_NO_FATAL_FAILURE(init());
-    Mapping m(8 * page());
+    Mapping m(Bytes{8 * page()});
     char* p = m.get();
     EXPECT_EQ(import_(driver_, nullptr, page()), kInvalidArgument);
     EXPECT_EQ(import_(driver_, p, 0), kInvalidArgument);
@@ -112,7 +112,7 @@ TEST_F(ZeDouble, ImportFollowsTheHostPointerManager) {
 TEST_F(ZeDouble, NoHostPointerManager) {
     ASSERT_NO_FATAL_FAILURE(init());
     setenv("HOSTREG_DOUBLE_ZE_NO_IMPORT", "1", 1);
-    Mapping m(page());
+    Mapping m(Bytes{page()});
     EXPECT_EQ(import_(driver_, m.get(), page()), kUnsupported);
     EXPECT_EQ(release_(driver_, m.get()), kUnsupported);
 }

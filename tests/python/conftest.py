@@ -19,6 +19,7 @@ import hostreg
 
 PAGE = mmap.PAGESIZE
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))  # tests/support: what the Python suite shares with scripts/gpu_check
 
 
 class Buffer:

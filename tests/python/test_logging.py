@@ -1,9 +1,10 @@
-"""Diagnostics: the ``hostreg`` Python logger and HOSTREG_LOG_LEVEL on the C++ side; silent
-by default."""
+"""Diagnostics: the C core's events reach the ``hostreg`` Python logger once each, and
+HOSTREG_LOG_LEVEL prints them on stderr; silent by default."""
 
 from __future__ import annotations
 
 import logging
+import sys
 
 from conftest import Buffer, low_memlock, run_python
 
@@ -17,14 +18,21 @@ def test_silent_by_default():
     assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
 
 
-def test_cpp_side_logs_to_stderr_at_debug():
+def test_log_level_prints_each_event_once_on_stderr():
     r = run_python(FAILING, env={"HOSTREG_LOG_LEVEL": "debug"})
     lines = r.stderr.splitlines()
     assert lines[0] == "hostreg info: backend posix selected"
-    assert lines[1].startswith("hostreg debug: cudaErrorHostMemoryAlreadyRegistered (712), native 0: range")
-    assert lines[2].startswith("hostreg debug: cudaErrorHostMemoryNotRegistered (713)")
+    assert lines[1].startswith("hostreg debug: hostregHostRegister: cudaErrorHostMemoryAlreadyRegistered (712), native 0: range")
+    assert lines[2].startswith("hostreg debug: hostregHostUnregister: cudaErrorHostMemoryNotRegistered (713)")
+    assert len(lines) == 3
     r = run_python(FAILING, env={"HOSTREG_LOG_LEVEL": "warning"})
     assert r.stderr == ""  # the caller's mistakes are not warnings
+
+
+def test_log_level_with_a_root_handler_still_prints_once():
+    code = "import logging; logging.basicConfig(level=logging.DEBUG); " + FAILING
+    r = run_python(code, env={"HOSTREG_LOG_LEVEL": "debug"})
+    assert r.stderr.count("(712)") == 1 and r.stderr.count("(713)") == 1, r.stderr
 
 
 def test_python_logger_levels(caplog, buf: Buffer):
@@ -32,8 +40,8 @@ def test_python_logger_levels(caplog, buf: Buffer):
     assert hostreg.host_register(buf.addr, 100) == 0
     assert hostreg.host_register(buf.addr, 100) == 712
     assert hostreg.host_unregister(buf.addr) == 0
-    failures = [r for r in caplog.records if r.name == "hostreg" and "cudaHostRegister" in r.getMessage()]
-    assert [r.levelno for r in failures] == [logging.DEBUG]
+    failures = [r for r in caplog.records if r.name == "hostreg" and "hostregHostRegister" in r.getMessage()]
+    assert [r.levelno for r in failures] == [logging.DEBUG]  # one line for one failure
     assert "cudaErrorHostMemoryAlreadyRegistered (712), native 0" in failures[0].getMessage()
 
 
@@ -43,5 +51,50 @@ def test_environment_failures_are_warnings_with_native_code():
     )
     r = run_python(code, *low_memlock(8192), env={"HOSTREG_LOG_LEVEL": ""})
     assert r.returncode == 0
-    assert r.stderr.startswith("WARNING hostreg cudaHostRegister: cudaErrorMemoryAllocation (2), native 12: mlock(")
+    assert r.stderr.startswith("WARNING hostreg hostregHostRegister: cudaErrorMemoryAllocation (2), native 12: mlock(")
     assert "RLIMIT_MEMLOCK" in r.stderr and "713" not in r.stderr  # the unregister slip is DEBUG only
+
+
+def test_a_logging_handler_that_raises_does_not_fail_the_call(caplog, buf: Buffer, monkeypatch):
+    class Boom(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            raise RuntimeError("handler failed")
+
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    h = Boom(level=logging.DEBUG)
+    logging.getLogger("hostreg").addHandler(h)
+    try:
+        caplog.set_level(logging.DEBUG, logger="hostreg")
+        assert hostreg.host_unregister(buf.addr) == 713  # the call's answer, whatever the handler does
+        assert hostreg.host_register(buf.addr, 100) == 0 and hostreg.host_unregister(buf.addr) == 0
+    finally:
+        logging.getLogger("hostreg").removeHandler(h)
+    # The handler's failure is reported as an unraisable exception, not raised from the call.
+    assert [type(u.exc_value) for u in unraisable] == [RuntimeError]
+
+
+def test_a_ctrl_c_in_a_logging_handler_is_delivered_right_after_the_call():
+    # The C core calls the handler in the middle of a hostreg call, where no exception can pass
+    # through C: a KeyboardInterrupt there is delivered again (as SIGINT is) once the C call has
+    # returned, so the Ctrl-C is not lost and the call itself completed.
+    code = """
+import logging, mmap, ctypes, hostreg
+class CtrlC(logging.Handler):
+    def emit(self, record):
+        raise KeyboardInterrupt
+log = logging.getLogger("hostreg"); log.addHandler(CtrlC()); log.setLevel(logging.DEBUG)
+m = mmap.mmap(-1, 8192); a = ctypes.addressof(ctypes.c_char.from_buffer(m))
+got = None
+try:
+    got = int(hostreg.host_unregister(a))
+    for _ in range(1000):
+        pass
+    print("no interrupt")
+except KeyboardInterrupt:
+    print("interrupted after the call")
+print(hostreg.stats().registrations, hostreg.last_error().code)
+"""
+    r = run_python(code, env={"HOSTREG_LOG_LEVEL": ""})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["interrupted after the call", "0 cudaErrorHostMemoryNotRegistered (713)"]

@@ -1,5 +1,5 @@
 """Fast staging: hostreg.torch.create_cpu_state_dict / copy_state_dict put a whole state dict
-in one shared arena, registered once (python/hostreg/_staging.py).
+in one shared arena, registered once (python/hostreg/_state_dict.py).
 
 Compared with PyTorch's own _create_cpu_state_dict / _check_state_dict_similarity /
 _copy_state_dict; registration and locking checked with hostreg's registry and the kernel's

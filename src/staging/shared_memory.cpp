@@ -1,5 +1,5 @@
-// arena.cpp: see arena.hpp.
-#include "core/arena.hpp"
+// shared_memory.cpp: see shared_memory.hpp.
+#include "staging/shared_memory.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -15,13 +15,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <string>
+#include <thread>
+#include <vector>
 
-#include "core/backend.hpp"
 #include "core/memory_map.hpp"
-#include "core/parallel.hpp"
-#include "core/registry.hpp"
+#include "staging/parallel.hpp"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14 (madvise(2); docs/vendors.md "POSIX")
@@ -29,12 +28,6 @@
 
 namespace hostreg {
 namespace {
-
-std::string with_commas(unsigned long long n) {
-    std::string s = std::to_string(n);
-    for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
-    return s;
-}
 
 constexpr size_t kMinPopulateBytes = size_t{16} << 20;  // below this one thread populates
 
@@ -86,7 +79,7 @@ Status shared_memory_dir(std::string* dir) {
     if (!S_ISDIR(st.st_mode)) return bad("is not a directory");
     struct statfs fs {};
     if (statfs(d.c_str(), &fs) != 0) return bad(std::string("cannot be read: ") + std::strerror(errno));
-    // Staging memory must be memory: a disk directory would page the arena to disk.
+    // Staging memory must be memory: a disk directory would put staging memory on disk.
     constexpr long kTmpfs = 0x01021994, kRamfs = static_cast<long>(0x858458f6), kHugetlbfs = static_cast<long>(0x958458f6);
     if (fs.f_type != kTmpfs && fs.f_type != kRamfs && fs.f_type != kHugetlbfs)
         return bad("is not a tmpfs (a disk directory would put staging memory on disk)");
@@ -157,116 +150,6 @@ Status prepare_memory(void* ptr, size_t bytes, int fd) {
                              err);
     }
     return Status::ok();
-}
-
-Status max_registration_override(size_t* bytes) {
-    const char* env = std::getenv("HOSTREG_MAX_REGISTRATION");
-    *bytes = SIZE_MAX;
-    if (!env || !*env) return Status::ok();
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long v = std::strtoull(env, &end, 10);
-    if (errno || *end || v == 0 || env[0] == '-')
-        return Status::error(hostregErrorInvalidValue,
-                             std::string("HOSTREG_MAX_REGISTRATION=") + env + " is not a positive number of bytes");
-    *bytes = static_cast<size_t>(v);
-    return Status::ok();
-}
-
-Status Arena::register_range(void* ptr, size_t bytes, unsigned flags, size_t max_chunk) {
-    Status why;
-    const Backend* be = active_backend(&why);
-    if (be == nullptr) return why;
-    const Capabilities& caps = be->probe().caps;
-    size_t user_cap = SIZE_MAX;
-    if (Status s = max_registration_override(&user_cap); !s.is_ok()) return s;
-    const uintptr_t page = std::max(page_size(), caps.granule);  // chunks of whole pages and granules
-    size_t chunk = std::min(caps.max_registration, user_cap);
-    if (max_chunk) chunk = std::min(chunk, max_chunk);
-    chunk = std::max<size_t>(page, chunk / page * page);
-    if (ptr == nullptr || bytes == 0) return Status::error(hostregErrorInvalidValue, "empty or NULL range");
-    if (reinterpret_cast<uintptr_t>(ptr) + bytes < reinterpret_cast<uintptr_t>(ptr))
-        return Status::error(hostregErrorInvalidValue, "range wraps past the end of the address space");
-    // Chunk boundaries fall on page boundaries (counted from the page holding ptr), so no two
-    // chunks share a page even when ptr is not page-aligned.
-    const auto base = reinterpret_cast<uintptr_t>(ptr);
-    const uintptr_t end = base + bytes;
-    for (uintptr_t lo = base, next; lo < end; lo = next) {
-        const uintptr_t boundary = (lo & ~(page - 1)) + chunk;
-        next = (boundary > lo && boundary < end) ? boundary : end;
-        Status s = Registry::instance().host_register(reinterpret_cast<void*>(lo), next - lo, flags);
-        if (!s.is_ok()) {
-            unregister_all();
-            if (lo != base) s.message += " (arena chunk at offset " + std::to_string(lo - base) + ")";
-            return s;
-        }
-        bases_.push_back(lo);
-    }
-    return Status::ok();
-}
-
-Status Arena::unregister_all() {
-    Status first;
-    for (uintptr_t b : bases_) {
-        Status s = Registry::instance().host_unregister(reinterpret_cast<void*>(b));
-        if (!s.is_ok() && first.is_ok()) first = s;
-    }
-    bases_.clear();
-    return first;
-}
-
-Status StagingBuffer::create(size_t bytes, bool shared, bool pin, unsigned flags, size_t max_chunk,
-                             std::unique_ptr<StagingBuffer>* out) {
-    out->reset();
-    if (bytes == 0) return Status::error(hostregErrorInvalidValue, "staging buffer of 0 bytes");
-    std::unique_ptr<StagingBuffer> b(new StagingBuffer());  // from here on, every part is b's
-    if (shared) {
-        if (Status s = create_shared_memory(bytes, &b->fd_); !s.is_ok()) return s;
-    }
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, shared ? MAP_SHARED : (MAP_PRIVATE | MAP_ANONYMOUS),
-                   shared ? b->fd_ : -1, 0);
-    if (p == MAP_FAILED) {
-        const int err = errno;
-        return Status::error(hostregErrorMemoryAllocation,
-                             "cannot map " + with_commas(bytes) + " bytes of staging memory: " + std::strerror(err) +
-                                 (err == ENOMEM ? " (an address-space limit? see ulimit -v)" : ""),
-                             err);
-    }
-    b->map_ = p;
-    b->bytes_ = bytes;
-    if (Status s = prepare_memory(p, bytes, b->fd_); !s.is_ok()) return s;
-    if (pin) {
-        if (Status s = b->arena_.register_range(p, bytes, flags, max_chunk); !s.is_ok()) return s;
-    }
-    *out = std::move(b);
-    return Status::ok();
-}
-
-Status StagingBuffer::attach(int fd, size_t bytes, std::unique_ptr<StagingBuffer>* out) {
-    out->reset();
-    std::unique_ptr<StagingBuffer> b(new StagingBuffer());
-    b->fd_ = fd;  // owned from here: closed by b, whatever happens
-    struct stat st {};
-    if (fd < 0 || fstat(fd, &st) != 0) return Status::error(hostregErrorInvalidValue, "not a descriptor", errno);
-    if (bytes == 0 || static_cast<unsigned long long>(st.st_size) < bytes)
-        return Status::error(hostregErrorInvalidValue, "the staging file holds " + with_commas(st.st_size) +
-                                                           " bytes, not the " + with_commas(bytes) + " expected");
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        const int err = errno;
-        return Status::error(hostregErrorMemoryAllocation,
-                             "cannot map " + with_commas(bytes) + " bytes of staging memory: " + std::strerror(err), err);
-    }
-    b->map_ = p;
-    b->bytes_ = bytes;
-    *out = std::move(b);
-    return Status::ok();
-}
-
-StagingBuffer::~StagingBuffer() {
-    arena_.unregister_all();
-    if (map_) munmap(map_, bytes_);
-    if (fd_ >= 0) close(fd_);
 }
 
 }  // namespace hostreg

@@ -1,9 +1,9 @@
 // copy.cpp: see copy.hpp. The total byte count is cut into equal shares, one per thread; a
 // share may begin or end inside a buffer, so one large tensor is split as well as many small
 // ones are grouped.
-#include "core/copy.hpp"
+#include "staging/copy.hpp"
 
-#include "core/parallel.hpp"
+#include "staging/parallel.hpp"
 
 #include <algorithm>
 #include <cstring>

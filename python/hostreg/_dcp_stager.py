@@ -30,11 +30,11 @@ from ._arena import leaves_on
 from ._copy import CopyPlan
 from ._errors import StagingError
 from ._layout import layout_of
-from ._staging import StagedStateDict, stage_layout
+from ._state_dict import StagedCopy, allocate_staged_copy
 
 
 class _Buffer:
-    def __init__(self, sig: tuple, staged: StagedStateDict) -> None:
+    def __init__(self, sig: tuple, staged: StagedCopy) -> None:
         self.sig = sig
         self.staged = staged
         self.plan = CopyPlan(staged.tensors)
@@ -228,7 +228,7 @@ class Stager:
                 b.close()
                 self._pool.remove(b)
             if len(self._pool) < self.max_buffers:
-                buf = _Buffer(sig, stage_layout(state_dict, pin_memory=self.pin_memory, share_memory=self.share_memory))
+                buf = _Buffer(sig, allocate_staged_copy(state_dict, pin_memory=self.pin_memory, share_memory=self.share_memory))
                 self._pool.append(buf)
                 self.arenas_created += 1
                 return buf

@@ -1,4 +1,5 @@
-"""The main job: stage a state dict into shared, page-locked CPU memory and prove it.
+"""``hostreg stage``, the main job: stage a state dict into shared, page-locked CPU memory and
+prove it.
 
 :func:`stage_state_dict` stages with hostreg's arena (default) or with PyTorch's own
 ``_create_cpu_state_dict(share_memory=True, pin_memory=True)`` and ``_copy_state_dict``
@@ -174,9 +175,9 @@ def _create_and_copy(state_dict: dict[str, Any], engine: str, progress: Progress
         progress("copy", total, total)
     else:
         from ._copy import CopyPlan
-        from ._staging import stage_layout
+        from ._state_dict import allocate_staged_copy
 
-        layout = stage_layout(state_dict)
+        staged_copy = allocate_staged_copy(state_dict)
         progress("create", total, total)
         t1 = time.perf_counter()
         src = [t for _, t in iter_tensors(state_dict)]
@@ -185,12 +186,12 @@ def _create_and_copy(state_dict: dict[str, Any], engine: str, progress: Progress
         for i, t in enumerate(src):
             acc += t.numel() * t.element_size()
             if acc >= step or i == len(src) - 1:
-                CopyPlan(layout.tensors[start : i + 1]).copy(src[start : i + 1])
+                CopyPlan(staged_copy.tensors[start : i + 1]).copy(src[start : i + 1])
                 done += acc
                 progress("copy", done, total)
                 start, acc = i + 1, 0
-        staged = layout.state_dict
-        del layout
+        staged = staged_copy.state_dict
+        del staged_copy
     return staged, t1 - t0, time.perf_counter() - t1
 
 

@@ -1,5 +1,5 @@
 // copy.hpp: copying many buffers at once, spread over threads by bytes, for re-staging a
-// state dict into its arena (thousands of small tensors or a few large ones alike).
+// state dict into its staging buffer (thousands of small tensors or a few large ones alike).
 #pragma once
 
 #include <cstddef>

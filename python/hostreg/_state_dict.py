@@ -27,11 +27,11 @@ from ._arena import Arena, leaves_on
 from ._copy import CopyPlan
 from ._layout import ALIGNMENT, Layout, layout_of, local_of
 
-__all__ = ["ALIGNMENT", "Arena", "StagedStateDict", "copy_state_dict", "create_cpu_state_dict", "stage_layout"]
+__all__ = ["ALIGNMENT", "Arena", "StagedCopy", "copy_state_dict", "create_cpu_state_dict", "allocate_staged_copy"]
 
 
 @dataclass
-class StagedStateDict:
+class StagedCopy:
     """A staged copy: ``state_dict`` (the source's structure, its tensors in ``arena``),
     ``tensors`` (its leaves, in traversal order), the ``layout`` and the span ``storages``."""
 
@@ -42,14 +42,14 @@ class StagedStateDict:
     storages: list[torch.UntypedStorage]
 
 
-def stage_layout(state_dict: Any, *, pin_memory: bool = True, share_memory: bool = True) -> StagedStateDict:
+def allocate_staged_copy(state_dict: Any, *, pin_memory: bool = True, share_memory: bool = True) -> StagedCopy:
     """Allocate (one arena) the staged copy of ``state_dict`` without copying values."""
     layout, _, values = layout_of(state_dict)
     arena = Arena(layout.nbytes, pin=pin_memory, share=share_memory)
     storages = arena.span_storages(layout)
     leaves = leaves_on(storages, layout)
     staged = _tree.unflatten(layout.spec, leaves, copy.deepcopy(values))
-    return StagedStateDict(staged, leaves, arena, layout, storages)
+    return StagedCopy(staged, leaves, arena, layout, storages)
 
 
 def create_cpu_state_dict(state_dict: Any, pin_memory: bool = True, share_memory: bool = True) -> Any:
@@ -71,7 +71,7 @@ def create_cpu_state_dict(state_dict: Any, pin_memory: bool = True, share_memory
     message names the limit), ``TypeError`` for tensors it cannot place (ShardedTensor, sparse,
     nested, quantized; the message names the entry).
     """
-    return stage_layout(state_dict, pin_memory=pin_memory, share_memory=share_memory).state_dict
+    return allocate_staged_copy(state_dict, pin_memory=pin_memory, share_memory=share_memory).state_dict
 
 
 # Copy plans of staged dicts, beside the arena their tensors live in (a staged dict is a plain

@@ -1,0 +1,47 @@
+// staging_buffer.hpp: the staging memory of one state dict, owned whole.
+//
+// A StagingBuffer holds the shared-memory file (or anonymous memory), its mapping, every page
+// allocated, and (optionally) its registration. It is made in one call that either returns the
+// whole thing or leaves nothing; the destructor undoes all of it (unregister, unmap, close),
+// so no exception half-way can leak any part.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/status.hpp"
+#include "staging/chunked_registration.hpp"
+
+namespace hostreg {
+
+class StagingBuffer {
+public:
+    // bytes (> 0) of staging memory: shared (an unnamed /dev/shm file, mapped MAP_SHARED) or
+    // private anonymous memory; every page allocated (prepare_memory); registered with flags in
+    // chunks of at most max_chunk bytes when pin. On failure *out is empty and nothing is left.
+    static Status create(size_t bytes, bool shared, bool pin, unsigned flags, size_t max_chunk,
+                         std::unique_ptr<StagingBuffer>* out);
+    // Maps the shared buffer another process made, given a descriptor of its file (taken over:
+    // closed on failure too). Not registered: the pages are the other process's, locked there.
+    static Status attach(int fd, size_t bytes, std::unique_ptr<StagingBuffer>* out);
+
+    StagingBuffer(const StagingBuffer&) = delete;
+    StagingBuffer& operator=(const StagingBuffer&) = delete;
+    ~StagingBuffer();
+
+    void* data() const { return map_; }
+    size_t size() const { return bytes_; }
+    int fd() const { return fd_; }  // -1 for private memory
+    size_t chunks() const { return registration_.chunks(); }
+    // Undo the registration now (the memory stays mapped). Idempotent.
+    Status unregister() { return registration_.unregister_all(); }
+
+private:
+    StagingBuffer() = default;
+    int fd_ = -1;
+    void* map_ = nullptr;
+    size_t bytes_ = 0;
+    ChunkedRegistration registration_;
+};
+
+}  // namespace hostreg
