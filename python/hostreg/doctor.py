@@ -97,7 +97,7 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
     auto = next(b.name for b in backends if b.available)
     active = _hostreg.backend_name()
     reason = _hostreg.last_error()[2] if active == "none" else ""
-    memlock, cap_ipc_lock = _hostreg.lock_allowance()  # the C core's reading, as the posix backend's
+    allowance = _hostreg.lock_allowance()  # (RLIMIT_MEMLOCK or None, CAP_IPC_LOCK): the posix backend's reading
     shm: int | None
     shm_free: int | None
     code, shm_dir = _hostreg.shared_memory_directory()  # the one staging will use, checked as staging checks it
@@ -114,8 +114,8 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
         requested=os.environ.get("HOSTREG_BACKEND") or "auto",
         active=active,
         active_reason=reason,
-        memlock_bytes=memlock,
-        cap_ipc_lock=cap_ipc_lock,
+        memlock_bytes=allowance[0],
+        cap_ipc_lock=allowance[1],
         shm_dir=shm_dir,
         shm_dir_problem=shm_problem,
         shm_bytes=shm,
