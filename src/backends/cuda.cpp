@@ -139,7 +139,8 @@ Status cuda_unregister(void* ptr, size_t /*bytes*/, const Piece& piece) {
     if (!pushed && (r == kCudaErrorInvalidContext || r == kCudaErrorContextIsDestroyed)) {
         Status s = failure(api, "cuCtxPushCurrent_v2", r);
         return Status::error(hostregErrorHostMemoryNotRegistered,
-                             s.message + " (the context the registration was made in is gone, and the registration with it)", r);
+                             s.message + " (the context the registration was made in is gone, and the registration with it)", r)
+            .blame_environment();
     }
     return failure(api, "cuMemHostUnregister", r);
 }

@@ -69,9 +69,8 @@ int hostregIsRegistered(const void* ptr) { return Registry::instance().find(ptr,
 int hostregPointerGetRegistration(const void* ptr, hostregRegistration* out) {
     if (out == nullptr) return null_out("out", __func__);
     Registration r;
-    if (!Registry::instance().find(ptr, &r))
-        return record(Status::error(hostregErrorHostMemoryNotRegistered,
-                                    "pointer is not inside a registration"), __func__);
+    if (!Registry::instance().find(ptr, &r))  // an answer, not an event: not logged
+        return hostreg::remember(Status::error(hostregErrorHostMemoryNotRegistered, "pointer is not inside a registration"));
     fill(r, out);
     return hostregSuccess;
 }
@@ -107,8 +106,8 @@ int hostregGetLastError(long long* native_code, const char** message) {
 const char* hostregBackendName(void) {
     Status why;
     const hostreg::Backend* b = hostreg::active_backend(&why);
-    if (!b) {
-        record(why, __func__);
+    if (!b) {  // logged once, when the choice was made
+        hostreg::remember(why);
         return "none";
     }
     return b->name;

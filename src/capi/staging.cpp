@@ -37,14 +37,17 @@ int hostregSharedMemoryCreate(size_t bytes, int* fd) { return record(hostreg::cr
 int hostregSharedMemoryDirectory(const char** dir) {
     static std::string text;  // one value per process (the environment is read once per call)
     static std::mutex mu;
-    std::lock_guard<std::mutex> g(mu);
-    Status s = hostreg::shared_memory_dir(&text);
-    if (!s.is_ok()) {
-        const char* env = std::getenv("HOSTREG_SHM_DIR");
-        text = env ? env : "";
+    Status s;
+    {
+        std::lock_guard<std::mutex> g(mu);
+        s = hostreg::shared_memory_dir(&text);
+        if (!s.is_ok()) {
+            const char* env = std::getenv("HOSTREG_SHM_DIR");
+            text = env ? env : "";
+        }
+        if (dir) *dir = text.c_str();
     }
-    if (dir) *dir = text.c_str();
-    return record(s, __func__);
+    return record(s, __func__);  // outside the lock: a log handler may wait for anything
 }
 
 int hostregPrepareMemory(void* ptr, size_t bytes, int fd) { return record(hostreg::prepare_memory(ptr, bytes, fd), __func__); }

@@ -120,7 +120,13 @@ void set_log_handler(hostregLogHandler handler, void* context) {
 int record(const Status& s, const char* call) {
     if (s.is_ok()) return s.code;
     t_last = s;
-    emit(is_callers_error(s.code) ? LogLevel::Debug : LogLevel::Warning, call ? call : "", s.code, s.native, s.message);
+    const bool callers = is_callers_error(s.code) && !s.environment;
+    emit(callers ? LogLevel::Debug : LogLevel::Warning, call ? call : "", s.code, s.native, s.message);
+    return s.code;
+}
+
+int remember(const Status& s) {
+    if (!s.is_ok()) t_last = s;
     return s.code;
 }
 

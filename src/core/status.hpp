@@ -16,12 +16,18 @@ struct Status {
     int code = hostregSuccess;  // cudaError_t number
     long long native = 0;       // backend's own code, 0 if none
     std::string message;        // why, in words; empty on success
+    bool environment = false;   // the environment's fault although the code is one a caller's
+                                // mistake gives (a bad HOSTREG_* variable, a context gone)
 
     static Status ok() { return {}; }
     static Status error(int code, std::string message, long long native = 0) {
         return Status{code, native, std::move(message)};
     }
     bool is_ok() const { return code == hostregSuccess; }
+    Status&& blame_environment() && {
+        environment = true;
+        return std::move(*this);
+    }
 };
 
 // CUDA's name / message for a code, as libcudart.so.13 gives them; "unrecognized error code"
@@ -38,6 +44,10 @@ std::string with_commas(unsigned long long n);
 // Records s as the calling thread's last failure (no-op for success) and returns s.code.
 // call: the C ABI function that failed (its __func__), named in the log line.
 int record(const Status& s, const char* call = "");
+
+// Records s as the last failure without logging it: for lookups whose "no" is an answer
+// (no registration there, no backend), asked often. Returns s.code.
+int remember(const Status& s);
 
 // The calling thread's last failure (code 0 if none).
 const Status& last_error();

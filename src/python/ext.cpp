@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,6 +42,7 @@ uint64_t int_arg(nb::handle value, const char* name, unsigned long long limit = 
     if (PyBool_Check(value.ptr())) throw nb::type_error((std::string(name) + " must be an int, not bool").c_str());
     PyObject* index = PyNumber_Index(value.ptr());
     if (!index) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw nb::python_error();  // e.g. a Ctrl-C in __index__
         PyErr_Clear();
         throw nb::type_error(
             (std::string(name) + " must be an int, not " + Py_TYPE(value.ptr())->tp_name).c_str());
@@ -69,9 +71,17 @@ constexpr unsigned long long kI32 = 1ull << 31;
 // hostreg's diagnostics go to one Python callable, sink(level, call, code, native, message,
 // label), set by hostreg/_core.py; each event reaches it once (hostregSetLogHandler). label:
 // what host_register / host_unregister were called for (the drop-in names torch's call), else
-// None. The sink is called with the GIL, on the thread of the event.
+// None. The sink is called with the GIL, on the thread of the event, in the middle of a C
+// call: an exception cannot pass through C, so a KeyboardInterrupt raised there is kept for
+// this thread and raised by the binding once the C call has returned (raise_pending); any
+// other exception is reported as unraisable.
 PyObject* g_log_sink = nullptr;  // a strong reference, kept until exit
 thread_local const char* t_label = nullptr;
+thread_local PyObject* t_pending[3] = {nullptr, nullptr, nullptr};  // type, value, traceback
+
+PyObject* text(const char* s) {  // hostreg's messages may quote bytes that are not UTF-8
+    return PyUnicode_DecodeUTF8(s, static_cast<Py_ssize_t>(std::strlen(s)), "backslashreplace");
+}
 
 void to_sink(void*, int level, const char* call, int code, long long native, const char* message) {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -85,12 +95,14 @@ void to_sink(void*, int level, const char* call, int code, long long native, con
         Py_INCREF(sink);  // set_log_sink() may replace it while it runs
         PyObject *type, *value, *trace;
         PyErr_Fetch(&type, &value, &trace);  // an exception being raised stays as it was
-        PyObject* r = PyObject_CallFunction(sink, "isiLsz", level, call, code, native, message, t_label);
+        PyObject* args = Py_BuildValue("(isiLNN)", level, call, code, native, text(message),
+                                       t_label ? text(t_label) : (Py_INCREF(Py_None), Py_None));
+        PyObject* r = args ? PyObject_Call(sink, args, nullptr) : nullptr;
+        Py_XDECREF(args);
         if (r) {
             Py_DECREF(r);
-        } else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {  // a Ctrl-C during logging:
-            PyErr_Clear();                                              // delivered again, not lost
-            PyErr_SetInterrupt();
+        } else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) && !t_pending[0]) {
+            PyErr_Fetch(&t_pending[0], &t_pending[1], &t_pending[2]);
         } else {
             PyErr_WriteUnraisable(sink);  // a failing logging handler must not fail the call
         }
@@ -98,6 +110,14 @@ void to_sink(void*, int level, const char* call, int code, long long native, con
         Py_DECREF(sink);
     }
     PyGILState_Release(g);
+}
+
+// After a C call, with the GIL: the KeyboardInterrupt the log sink raised during it, if any.
+void raise_pending() {
+    if (!t_pending[0]) return;
+    PyErr_Restore(t_pending[0], t_pending[1], t_pending[2]);
+    t_pending[0] = t_pending[1] = t_pending[2] = nullptr;
+    throw nb::python_error();
 }
 
 // The label for the calls of one scope on this thread.
@@ -259,6 +279,7 @@ NB_MODULE(_hostreg, m) {
     m.def(
         "set_log_sink",
         [](nb::object sink) {
+            if (!sink.is_none() && !PyCallable_Check(sink.ptr())) throw nb::type_error("the log sink must be callable or None");
             PyObject* old = g_log_sink;
             g_log_sink = sink.is_none() ? nullptr : sink.release().ptr();
             hostregSetLogHandler(g_log_sink ? to_sink : nullptr, nullptr);
@@ -271,9 +292,14 @@ NB_MODULE(_hostreg, m) {
         "host_register",
         [](nb::handle ptr, nb::handle nbytes, nb::handle flags, std::optional<std::string> label) {
             const uint64_t p = int_arg(ptr, "ptr"), n = int_arg(nbytes, "nbytes"), f = int_arg(flags, "flags", kU32);
-            nb::gil_scoped_release nogil;
-            Labelled scope(label ? label->c_str() : nullptr);
-            return hostregHostRegister(as_ptr(p), n, static_cast<unsigned>(f));
+            int code;
+            {
+                nb::gil_scoped_release nogil;
+                Labelled scope(label ? label->c_str() : nullptr);
+                code = hostregHostRegister(as_ptr(p), n, static_cast<unsigned>(f));
+            }
+            raise_pending();
+            return code;
         },
         nb::arg("ptr"), nb::arg("nbytes"), nb::arg("flags"), nb::arg("label").none() = nb::none(),
         "hostregHostRegister: page-lock nbytes bytes at address ptr. Returns a cudaError number. label: what the "
@@ -282,9 +308,14 @@ NB_MODULE(_hostreg, m) {
         "host_unregister",
         [](nb::handle ptr, std::optional<std::string> label) {
             const uint64_t p = int_arg(ptr, "ptr");
-            nb::gil_scoped_release nogil;
-            Labelled scope(label ? label->c_str() : nullptr);
-            return hostregHostUnregister(as_ptr(p));
+            int code;
+            {
+                nb::gil_scoped_release nogil;
+                Labelled scope(label ? label->c_str() : nullptr);
+                code = hostregHostUnregister(as_ptr(p));
+            }
+            raise_pending();
+            return code;
         },
         nb::arg("ptr"), nb::arg("label").none() = nb::none(),
         "hostregHostUnregister: undo the registration based at ptr. Returns a cudaError number.");
@@ -294,6 +325,7 @@ NB_MODULE(_hostreg, m) {
             void* dev = nullptr;
             const uint64_t p = int_arg(ptr, "ptr"), f = int_arg(flags, "flags", kU32);
             int code = hostregHostGetDevicePointer(&dev, as_ptr(p), static_cast<unsigned>(f));
+            raise_pending();
             return std::make_tuple(code, as_int(dev));
         },
         nb::arg("ptr"), nb::arg("flags") = 0, "Returns (cudaError number, device address).");
@@ -302,6 +334,7 @@ NB_MODULE(_hostreg, m) {
         [](nb::handle ptr) {
             unsigned flags = 0;
             int code = hostregHostGetFlags(&flags, as_ptr(int_arg(ptr, "ptr")));
+            raise_pending();
             return std::make_tuple(code, flags);
         },
         nb::arg("ptr"), "Returns (cudaError number, registration flags).");
@@ -351,7 +384,18 @@ NB_MODULE(_hostreg, m) {
             return std::make_tuple(code, native, std::string(msg ? msg : ""));
         },
         "The calling thread's last failure as (cudaError number, native code, message).");
-    m.def("backend_name", &hostregBackendName, "Name of the backend in use (selecting it on first call).");
+    m.def(
+        "backend_name",
+        []() {
+            const char* name;
+            {
+                nb::gil_scoped_release nogil;  // the first call chooses: vendor runtimes load
+                name = hostregBackendName();
+            }
+            raise_pending();
+            return std::string(name);
+        },
+        "Name of the backend in use (selecting it on first call).");
     nb::class_<StagingBuffer>(m, "StagingBuffer", nb::is_weak_referenceable(),
                               "Staging memory owned whole (hostregStagingBufferCreate / Attach): its file, mapping "
                               "and registration are released when this object and every view of it are gone.")
@@ -362,8 +406,13 @@ NB_MODULE(_hostreg, m) {
         .def(
             "unregister",
             [](StagingBuffer& b) {
-                nb::gil_scoped_release nogil;
-                return b.unregister();
+                int code;
+                {
+                    nb::gil_scoped_release nogil;
+                    code = b.unregister();
+                }
+                raise_pending();
+                return code;
             },
             "Undo the registration now (the memory stays mapped). Idempotent. Returns a cudaError number.");
     m.def(
@@ -375,7 +424,9 @@ NB_MODULE(_hostreg, m) {
                 nb::gil_scoped_release nogil;
                 code = hostregStagingBufferCreate(nbytes, shared, pin, flags, max_chunk, &b);
             }
-            return std::make_tuple(code, own(b));
+            nb::object buffer = own(b);  // owned first: an exception below releases it
+            raise_pending();
+            return std::make_tuple(code, buffer);
         },
         nb::arg("nbytes"), nb::arg("shared"), nb::arg("pin"), nb::arg("flags"), nb::arg("max_chunk") = 0,
         "hostregStagingBufferCreate: (cudaError number, StagingBuffer or None).");
@@ -388,7 +439,9 @@ NB_MODULE(_hostreg, m) {
                 nb::gil_scoped_release nogil;
                 code = hostregStagingBufferAttach(fd, nbytes, &b);
             }
-            return std::make_tuple(code, own(b));
+            nb::object buffer = own(b);  // owned first: an exception below releases it
+            raise_pending();
+            return std::make_tuple(code, buffer);
         },
         nb::arg("fd"), nb::arg("nbytes"),
         "hostregStagingBufferAttach (takes fd over): (cudaError number, StagingBuffer or None).");
@@ -402,14 +455,20 @@ NB_MODULE(_hostreg, m) {
         []() {
             const char* dir = nullptr;
             int code = hostregSharedMemoryDirectory(&dir);
+            raise_pending();
             return std::make_tuple(code, std::string(dir ? dir : ""));
         },
         "hostregSharedMemoryDirectory: (cudaError number, directory staging memory is made in).");
     m.def(
         "prepare_memory",
         [](uintptr_t ptr, size_t nbytes, int fd) {
-            nb::gil_scoped_release nogil;
-            return hostregPrepareMemory(as_ptr(ptr), nbytes, fd);
+            int code;
+            {
+                nb::gil_scoped_release nogil;
+                code = hostregPrepareMemory(as_ptr(ptr), nbytes, fd);
+            }
+            raise_pending();
+            return code;
         },
         nb::arg("ptr"), nb::arg("nbytes"), nb::arg("fd") = -1,
         "hostregPrepareMemory: allocate and map every page without changing bytes. Returns a cudaError number.");
@@ -443,6 +502,7 @@ NB_MODULE(_hostreg, m) {
                 nb::gil_scoped_release nogil;  // loading a vendor runtime can take a while
                 code = hostregProbeBackend(name.c_str(), &detail);
             }
+            raise_pending();
             return std::make_tuple(code, std::string(detail ? detail : ""));
         },
         nb::arg("name"), "(cudaError number, description or reason) for one backend.");
@@ -455,6 +515,7 @@ NB_MODULE(_hostreg, m) {
                 nb::gil_scoped_release nogil;  // loading a vendor runtime can take a while
                 code = hostregBackendCapabilities(name.c_str(), &c);
             }
+            raise_pending();
             auto s = [](const char* p) { return std::string(p ? p : ""); };
             return std::make_tuple(code, c.flags, c.max_registration, c.granule, s(c.library), s(c.version), s(c.note),
                                    s(c.reason));

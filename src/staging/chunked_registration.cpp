@@ -22,7 +22,8 @@ Status max_registration_override(size_t* bytes) {
     const unsigned long long v = std::strtoull(env, &end, 10);
     if (errno || *end || v == 0 || env[0] == '-')
         return Status::error(hostregErrorInvalidValue,
-                             std::string("HOSTREG_MAX_REGISTRATION=") + env + " is not a positive number of bytes");
+                             std::string("HOSTREG_MAX_REGISTRATION=") + env + " is not a positive number of bytes")
+            .blame_environment();
     *bytes = static_cast<size_t>(v);
     return Status::ok();
 }

@@ -71,7 +71,8 @@ Status shared_memory_dir(std::string* dir) {
     const std::string d = env;
     auto bad = [&](const std::string& why) {
         return Status::error(hostregErrorInvalidValue, "HOSTREG_SHM_DIR=" + d + " " + why +
-                                                           " (it must name an existing tmpfs directory, e.g. /dev/shm)");
+                                                           " (it must name an existing tmpfs directory, e.g. /dev/shm)")
+            .blame_environment();
     };
     if (d[0] != '/') return bad("is not an absolute path");
     struct stat st {};

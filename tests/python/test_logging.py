@@ -98,3 +98,41 @@ print(hostreg.stats().registrations, hostreg.last_error().code)
     r = run_python(code, env={"HOSTREG_LOG_LEVEL": ""})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["interrupted after the call", "0 cudaErrorHostMemoryNotRegistered (713)"]
+
+
+def test_environment_mistakes_with_a_callers_code_are_warnings():
+    # HOSTREG_SHM_DIR wrong is code 1 (as a bad argument is), but the environment's fault.
+    code = "import logging; logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s'); from hostreg import _hostreg; print(_hostreg.shared_memory_directory()[0])"
+    r = run_python(code, env={"HOSTREG_LOG_LEVEL": "", "HOSTREG_SHM_DIR": "relative/dir"})
+    assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr
+    assert r.stderr.startswith("WARNING hostregSharedMemoryDirectory: cudaErrorInvalidValue (1)") and "HOSTREG_SHM_DIR=relative/dir" in r.stderr
+
+
+def test_lookups_are_answers_not_events(caplog, buf: Buffer):
+    caplog.set_level(logging.DEBUG, logger="hostreg")
+    assert hostreg.registration(buf.addr) is None and hostreg.backend() == "posix"
+    assert not [r for r in caplog.records if r.name == "hostreg"]
+
+
+def test_a_message_that_is_not_utf8_still_reaches_the_logger():
+    code = "import logging; logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s'); import hostreg; print(hostreg.backend())"
+    r = run_python(code, env={"HOSTREG_LOG_LEVEL": "", "HOSTREG_BACKEND": "bad\udcff"})  # the byte 0xff
+    assert r.returncode == 0 and r.stdout.strip() == "none", r.stderr
+    assert "INFO no backend: unknown backend 'bad\\xff'" in r.stderr and "Unicode" not in r.stderr
+
+
+def test_a_slow_log_handler_and_a_second_thread_do_not_deadlock():
+    # The handler gives up the GIL (sleep) while another thread calls into hostreg holding it.
+    code = """
+import logging, threading, time
+from hostreg import _hostreg
+class Slow(logging.Handler):
+    def emit(self, record):
+        time.sleep(0.2)
+log = logging.getLogger("hostreg"); log.setLevel(logging.DEBUG); log.addHandler(Slow())
+ts = [threading.Thread(target=_hostreg.shared_memory_directory) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print("done")
+"""
+    r = run_python(code, env={"HOSTREG_LOG_LEVEL": "", "HOSTREG_SHM_DIR": "relative"}, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr
