@@ -168,7 +168,10 @@ HOSTREG_API int hostregLockAllowance(unsigned long long* memlock_bytes, int* cap
 /* ---- Diagnostics ---- */
 
 /* Levels of hostreg's diagnostics. Backend selection is INFO; a failure is DEBUG when it is
- * the caller's mistake (1, 712, 713) and WARNING otherwise (the environment's: 2, 3, 801, ...). */
+ * the caller's mistake (1, 712, 713) and WARNING otherwise (the environment's: 2, 3, 801, ...,
+ * and 1 or 713 that the environment caused: a bad HOSTREG_* variable, a CUDA context gone).
+ * Lookups that answer "none" (hostregPointerGetRegistration, hostregBackendName) set the last
+ * error but are not logged. */
 #define HOSTREG_LOG_DEBUG 0
 #define HOSTREG_LOG_INFO 1
 #define HOSTREG_LOG_WARNING 2

@@ -55,8 +55,9 @@ const Status& last_error();
 // Diagnostics. Each event is logged once: to the handler set by hostregSetLogHandler when
 // there is one (it gets every event and decides what to keep), else to stderr for
 // HOSTREG_LOG_LEVEL=debug|info|warning (default: silent). The one severity rule: backend
-// selection is Info; a failure is Debug when it is the caller's mistake (is_callers_error),
-// else Warning (the environment's: cannot lock, no backend, not supported, ...).
+// selection is Info; a failure is Debug when it is the caller's mistake (is_callers_error,
+// and not Status::environment), else Warning (the environment's: cannot lock, no backend,
+// not supported, a bad HOSTREG_* variable, ...).
 enum class LogLevel { Debug = HOSTREG_LOG_DEBUG, Info = HOSTREG_LOG_INFO, Warning = HOSTREG_LOG_WARNING, Off = 3 };
 void log(LogLevel level, const std::string& message);
 void set_log_handler(hostregLogHandler handler, void* context);
