@@ -28,12 +28,12 @@ class CudaRuntime:
     @staticmethod
     def cudaHostRegister(ptr: int, size: int, flags: int) -> _CudaError:  # noqa: N802
         """Page-lock ``size`` bytes at address ``ptr``; see :func:`hostreg.host_register`."""
-        return _CudaError(_hostreg.host_register(ptr, size, flags, "torch.cuda.cudart().cudaHostRegister"))
+        return _CudaError(_hostreg.host_register(ptr, size, flags, "cudart().cudaHostRegister (hostreg's drop-in)"))
 
     @staticmethod
     def cudaHostUnregister(ptr: int) -> _CudaError:  # noqa: N802
         """Undo the registration based at ``ptr``; see :func:`hostreg.host_unregister`."""
-        return _CudaError(_hostreg.host_unregister(ptr, "torch.cuda.cudart().cudaHostUnregister"))
+        return _CudaError(_hostreg.host_unregister(ptr, "cudart().cudaHostUnregister (hostreg's drop-in)"))
 
     @staticmethod
     def cudaGetErrorString(error: int) -> str:  # noqa: N802

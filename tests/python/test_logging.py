@@ -136,3 +136,9 @@ print("done")
 """
     r = run_python(code, env={"HOSTREG_LOG_LEVEL": "", "HOSTREG_SHM_DIR": "relative"}, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr
+
+
+def test_an_unknown_log_level_is_said_not_silently_ignored():
+    r = run_python("import hostreg; print(hostreg.backend())", env={"HOSTREG_LOG_LEVEL": "loud"})
+    assert r.returncode == 0 and r.stdout.strip() == "posix"
+    assert r.stderr == "hostreg: HOSTREG_LOG_LEVEL='loud' is not debug, info or warning; ignored\n"
