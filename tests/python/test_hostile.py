@@ -24,6 +24,19 @@ LEFT = textwrap.dedent(
         gc.collect()
         shm = [p for p in glob.glob("/proc/self/fd/*") if os.path.exists(p) and "#" in os.readlink(p) and "(deleted)" in os.readlink(p)]
         return f"registrations={hostreg.stats().registrations} locked={hostreg.locked_bytes()} shm_fds={len(shm)}"
+    def interrupt_at_line(k, exc=KeyboardInterrupt):
+        # From now on, raise exc at the k-th line event inside hostreg's Python code.
+        import sys
+        seen = [0]
+        def tracer(frame, event, arg):
+            if "hostreg" not in frame.f_code.co_filename:
+                return None
+            if event == "line":
+                seen[0] += 1
+                if seen[0] == k:
+                    raise exc()
+            return tracer
+        sys.settrace(tracer)
     """
 )
 NOTHING = "registrations=0 locked=0 shm_fds=0"
@@ -53,16 +66,7 @@ def test_an_interrupt_at_any_line_of_arena_creation_leaves_nothing():
         k, interrupted = 0, 0
         while True:
             k += 1
-            n = [0]
-            def tracer(frame, event, arg):
-                if "hostreg" not in frame.f_code.co_filename:
-                    return None
-                if event == "line":
-                    n[0] += 1
-                    if n[0] == k:
-                        raise Stop()
-                return tracer
-            sys.settrace(tracer)
+            interrupt_at_line(k, Stop)
             try:
                 st = ht.create_cpu_state_dict(sd)
             except KeyboardInterrupt:  # Stop, or (raised in the log handler the C core calls)
@@ -355,16 +359,7 @@ def test_an_interrupt_during_arena_creation_leaves_every_live_arena_known():
         ptr = live["w"].data_ptr()
         interrupted = 0
         for k in range(1, 100000):
-            seen = [0]
-            def tracer(frame, event, arg):
-                if "hostreg" not in frame.f_code.co_filename:
-                    return None
-                if event == "line":
-                    seen[0] += 1
-                    if seen[0] == k:
-                        raise KeyboardInterrupt
-                return tracer
-            sys.settrace(tracer)
+            interrupt_at_line(k)
             try:
                 extra = ht.create_cpu_state_dict({"x": torch.zeros(10)})
             except KeyboardInterrupt:
