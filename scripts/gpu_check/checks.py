@@ -48,13 +48,10 @@ def step_differential(ctx: Any, rows: dict[str, Row]) -> None:
     if hostreg.backend() != "cuda":
         raise RuntimeError(f"hostreg's backend is {hostreg.backend()!r}, not cuda: {hostreg.last_error().message}")
 
-    class Hostreg:
-        register, unregister = staticmethod(hostreg.host_register), staticmethod(hostreg.host_unregister)
-
     regs0, lines, diffs, left = hostreg.stats().registrations, [], [], []
     for name in bad_inputs.CASES:
-        theirs, left_rt = bad_inputs.run(name, ctx.runtime)
-        ours, left_hr = bad_inputs.run(name, Hostreg())
+        theirs, left_rt = bad_inputs.run(name, ctx.runtime.register, ctx.runtime.unregister)
+        ours, left_hr = bad_inputs.run(name, hostreg.host_register, hostreg.host_unregister)
         left += [f"{side} {name}" for side, n in (("runtime", left_rt), ("hostreg", left_hr)) if n]
         mark = "   " if theirs == ours else "!= "
         lines.append(f"{mark}{name:<34} runtime={theirs:<28} hostreg={ours}")

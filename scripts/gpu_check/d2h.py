@@ -62,11 +62,12 @@ def kinds(ctx: Any, sd: dict) -> dict[str, Any]:
     out["hostreg pinned"] = all(ctx.runtime.is_pinned(staged[k]) for k in sd)
     del staged
     # mlock-only: one arena locked by the OS, not registered with CUDA (hostreg's posix way).
-    arena = ht.Arena(sum(-(-s.nbytes // ht.ALIGNMENT) * ht.ALIGNMENT for s in srcs), pin=False, share=False)
-    views, off = [], 0
-    for s in srcs:
-        views.append(arena.view(off, s.shape, s.dtype))
-        off += -(-s.nbytes // ht.ALIGNMENT) * ht.ALIGNMENT
+    offsets = [0]
+    for s in srcs:  # each tensor at an ALIGNMENT boundary, as hostreg's arena places them
+        offsets.append(offsets[-1] + -(-s.nbytes // ht.ALIGNMENT) * ht.ALIGNMENT)
+    off = offsets[-1]
+    arena = ht.Arena(off, pin=False, share=False)
+    views = [arena.view(o, s.shape, s.dtype) for o, s in zip(offsets, srcs)]
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.mlock(ctypes.c_void_p(arena.data_ptr), ctypes.c_size_t(off)) == 0:
         out["mlock"] = gbps(ctx, srcs, views)

@@ -27,16 +27,9 @@ def documented() -> dict[str, str]:
     return {case: expected.strip() for case, expected in rows if case != "case" and set(case) != {"-"}}
 
 
-class HostregApi:
-    """hostreg's own API as the shared cases call it."""
-
-    register = staticmethod(hostreg.host_register)
-    unregister = staticmethod(hostreg.host_unregister)
-
-
 def shared(name: str) -> Callable[[Buffer], str]:
     def case(_: Buffer) -> str:
-        answer, left = bad_inputs.run(name, HostregApi())
+        answer, left = bad_inputs.run(name, hostreg.host_register, hostreg.host_unregister)
         assert not left, f"{name} left registrations behind"
         return answer
 

@@ -1,7 +1,7 @@
 """The register/unregister cases of the bad-input matrix (docs/semantics.md), for any pair of
 ``register(ptr, nbytes, flags) -> int`` and ``unregister(ptr) -> int`` that speaks CUDA's
-codes: hostreg's own API, the real ``cudaHostRegister``/``cudaHostUnregister``, a backend's
-runtime.
+codes: ``hostreg.host_register``/``host_unregister``, the real
+``cudaHostRegister``/``cudaHostUnregister``, a backend's runtime.
 
 Two suites run them: ``tests/python/test_bad_inputs.py`` against hostreg, with the answers
 docs/semantics.md gives; ``scripts/gpu_check`` against the real CUDA runtime and hostreg's
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from typing import Callable, Protocol
+from typing import Callable
 
 PAGE = mmap.PAGESIZE
 PROT_NONE, PROT_READ, PROT_RW = 0, mmap.PROT_READ, mmap.PROT_READ | mmap.PROT_WRITE
@@ -28,12 +28,8 @@ _libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-class Api(Protocol):
-    """What the cases call: CUDA's pair, returning cudaError numbers."""
-
-    def register(self, ptr: int, nbytes: int, flags: int) -> int: ...
-
-    def unregister(self, ptr: int) -> int: ...
+Register = Callable[[int, int, int], int]  # (ptr, nbytes, flags) -> cudaError number
+Unregister = Callable[[int], int]  # (ptr) -> cudaError number
 
 
 class Memory:
@@ -50,7 +46,8 @@ class Memory:
             raise OSError(ctypes.get_errno(), f"mmap of {n} bytes failed")
         ctypes.memset(addr, 0x5A, n)  # present pages, as a tensor's are
         if prot != PROT_RW:
-            _libc.mprotect(addr, n, prot)
+            if _libc.mprotect(addr, n, prot) != 0:
+                raise OSError(ctypes.get_errno(), f"mprotect({prot}) of {n} bytes failed")
         self._live.append((addr, n))
         return addr
 
@@ -69,21 +66,21 @@ class Memory:
 
 
 class Case:
-    """One case run on one :class:`Api`: its calls, tracking what stays registered."""
+    """One case run on one register/unregister pair: its calls, tracking what stays registered."""
 
-    def __init__(self, api: Api) -> None:
-        self.api = api
+    def __init__(self, register: Register, unregister: Unregister) -> None:
+        self._register, self._unregister = register, unregister
         self.mem = Memory()
         self.live: set[int] = set()
 
     def reg(self, ptr: int, nbytes: int = PAGE, flags: int = 0) -> str:
-        code = int(self.api.register(ptr, nbytes, flags))
+        code = int(self._register(ptr, nbytes, flags))
         if code == 0:
             self.live.add(ptr)
         return str(code)
 
     def unreg(self, ptr: int) -> str:
-        code = int(self.api.unregister(ptr))
+        code = int(self._unregister(ptr))
         if code == 0:
             self.live.discard(ptr)
         return str(code)
@@ -103,7 +100,7 @@ class Case:
         """Undo what the case left registered (a finding of its own), then unmap its memory."""
         left = sorted(self.live)
         for ptr in left:
-            self.api.unregister(ptr)
+            self._unregister(ptr)
         self.live.clear()
         self.mem.close()
         return left
@@ -225,9 +222,9 @@ CASES: dict[str, Callable[[Case], str]] = {
 }
 
 
-def run(name: str, api: Api) -> tuple[str, list[int]]:
-    """(the answer of case `name` on `api`, the addresses it left registered, now undone)."""
-    c = Case(api)
+def run(name: str, register: Register, unregister: Unregister) -> tuple[str, list[int]]:
+    """(the answer of case `name` through this pair, the addresses it left registered, now undone)."""
+    c = Case(register, unregister)
     try:
         return CASES[name](c), c.finish()
     except BaseException:
