@@ -188,6 +188,11 @@ typedef void (*hostregLogHandler)(void* context, int level, const char* call, in
  * (debug, info or warning; unset: silent). Meant to be set once, by a language binding. */
 HOSTREG_API void hostregSetLogHandler(hostregLogHandler handler, void* context);
 
+/* HOSTREG_LOG_LEVEL as hostreg reads it: HOSTREG_LOG_DEBUG, _INFO or _WARNING, or -1 when it is
+ * unset or not one of debug, info, warning (warn), in any case; the latter is said once on
+ * stderr. For a handler that should print what the stderr default would. */
+HOSTREG_API int hostregLogLevelFromEnvironment(void);
+
 /* The library's version string, "MAJOR.MINOR.PATCH". */
 HOSTREG_API const char* hostregVersion(void);
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
-import sys
 from typing import NamedTuple
 
 from . import _hostreg
@@ -81,16 +79,13 @@ def _log_from_environment() -> None:
     """``HOSTREG_LOG_LEVEL`` (debug, info, warning) in a Python process: the same lines on stderr
     as the C core writes without Python, from this logger (then not propagated, so that a
     root handler does not print them twice)."""
-    given = os.environ.get("HOSTREG_LOG_LEVEL", "")
-    level = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING}.get(given.lower())
-    if level is None:
-        if given:
-            sys.stderr.write(f"hostreg: HOSTREG_LOG_LEVEL={given!r} is not debug, info or warning; ignored\n")
+    level = _hostreg.log_level_from_environment()  # read (and an unknown value said) by the C core
+    if level < 0:
         return
     handler = logging.StreamHandler()
     handler.setFormatter(_CStyle())
     log.addHandler(handler)
-    log.setLevel(level)
+    log.setLevel(_LEVELS[level])
     log.propagate = False
 
 

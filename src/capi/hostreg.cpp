@@ -179,6 +179,11 @@ int hostregLockAllowance(unsigned long long* memlock_bytes, int* cap_ipc_lock) {
 
 void hostregSetLogHandler(hostregLogHandler handler, void* context) { hostreg::set_log_handler(handler, context); }
 
+int hostregLogLevelFromEnvironment(void) {
+    const hostreg::LogLevel level = hostreg::log_level_from_environment();
+    return level == hostreg::LogLevel::Off ? -1 : static_cast<int>(level);
+}
+
 const char* hostregVersion(void) { return HOSTREG_VERSION; }
 
 }  // extern "C"

@@ -109,6 +109,8 @@ bool is_callers_error(int code) {
 
 void log(LogLevel level, const std::string& message) { emit(level, "", 0, 0, message); }
 
+LogLevel log_level_from_environment() { return threshold(); }
+
 void set_log_handler(hostregLogHandler handler, void* context) {
     std::lock_guard<std::mutex> g(g_set);
     const Handler* h = nullptr;

@@ -61,6 +61,7 @@ const Status& last_error();
 enum class LogLevel { Debug = HOSTREG_LOG_DEBUG, Info = HOSTREG_LOG_INFO, Warning = HOSTREG_LOG_WARNING, Off = 3 };
 void log(LogLevel level, const std::string& message);
 void set_log_handler(hostregLogHandler handler, void* context);
+LogLevel log_level_from_environment();  // HOSTREG_LOG_LEVEL, Off when unset or unknown
 
 // 1 (invalid value), 712 and 713: what the caller got wrong, not what the machine refused.
 bool is_callers_error(int code);

@@ -68,6 +68,15 @@ uint64_t int_arg(nb::handle value, const char* name, unsigned long long limit = 
 constexpr unsigned long long kU32 = 1ull << 32;
 constexpr unsigned long long kI32 = 1ull << 31;
 
+// May a thread that does not hold the GIL take it now? Not once the interpreter is finalizing.
+bool interpreter_running() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+    return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
 // hostreg's diagnostics go to one Python callable, sink(level, call, code, native, message,
 // label), set by hostreg/_core.py; each event reaches it once (hostregSetLogHandler). label:
 // what host_register / host_unregister were called for (the drop-in names torch's call), else
@@ -84,12 +93,7 @@ PyObject* text(const char* s) {  // hostreg's messages may quote bytes that are 
 }
 
 void to_sink(void*, int level, const char* call, int code, long long native, const char* message) {
-#if PY_VERSION_HEX >= 0x030D0000
-    const bool finalizing = Py_IsFinalizing();
-#else
-    const bool finalizing = _Py_IsFinalizing();
-#endif
-    if (!Py_IsInitialized() || finalizing) return;
+    if (!interpreter_running()) return;
     PyGILState_STATE g = PyGILState_Ensure();
     if (PyObject* sink = g_log_sink) {
         Py_INCREF(sink);  // set_log_sink() may replace it while it runs
@@ -193,12 +197,7 @@ struct BytesView {
 void drop_view(DLManagedTensor* m) {
     auto* v = static_cast<BytesView*>(m->manager_ctx);
     // Any thread may free the last tensor; at interpreter exit the owner is left to the OS.
-#if PY_VERSION_HEX >= 0x030D0000
-    const bool finalizing = Py_IsFinalizing();
-#else
-    const bool finalizing = _Py_IsFinalizing();
-#endif
-    if (Py_IsInitialized() && !finalizing) {
+    if (interpreter_running()) {
         PyGILState_STATE g = PyGILState_Ensure();
         Py_DECREF(v->owner);
         PyGILState_Release(g);
@@ -532,5 +531,7 @@ NB_MODULE(_hostreg, m) {
             return std::make_tuple(limit == ~0ull ? std::optional<unsigned long long>() : limit, cap != 0);
         },
         "hostregLockAllowance: (RLIMIT_MEMLOCK soft limit in bytes or None when unlimited, CAP_IPC_LOCK held).");
+    m.def("log_level_from_environment", &hostregLogLevelFromEnvironment,
+          "hostregLogLevelFromEnvironment: HOSTREG_LOG_LEVEL as 0 debug, 1 info, 2 warning, or -1.");
     m.def("version", &hostregVersion, "Version of the C library.");
 }
