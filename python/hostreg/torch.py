@@ -5,17 +5,22 @@
 - Staging (:func:`create_cpu_state_dict`, :func:`copy_state_dict`, :class:`Stager`,
   :class:`Arena`; ``hostreg/_state_dict.py``, ``hostreg/_dcp_stager.py``) puts a whole state dict
   in one shared, registered arena.
+- Checkpoints (:class:`FileSystemWriter`, :class:`FileSystemReader`; ``hostreg/_checkpoint.py``)
+  write and read DCP's own format at the disk's speed (``O_DIRECT`` from the arena).
 """
 
 from __future__ import annotations
 
 from ._dropin import install, is_installed, uninstall
+from ._checkpoint import FileSystemReader, FileSystemWriter
 from ._dcp_stager import Stager
 from ._state_dict import ALIGNMENT, Arena, copy_state_dict, create_cpu_state_dict
 
 __all__ = [
     "ALIGNMENT",
     "Arena",
+    "FileSystemReader",
+    "FileSystemWriter",
     "Stager",
     "copy_state_dict",
     "create_cpu_state_dict",

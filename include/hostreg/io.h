@@ -1,0 +1,89 @@
+/*
+ * io.h: writing and reading files at the disk's own speed, the C ABI beneath
+ * hostreg.torch's checkpoint writer and reader (docs/checkpoint.md).
+ *
+ * A file is described as segments: byte ranges of the file, each with the memory its bytes
+ * come from (writes) or go to (reads). Where the file is open with O_DIRECT, every request
+ * to the kernel is aligned to HOSTREG_IO_BLOCK bytes in file offset, length and memory:
+ *   - a segment whose memory address is congruent to its file offset modulo the block
+ *     (address % block == offset % block) and that spans at least HOSTREG_IO_MIN_DIRECT
+ *     bytes moves its aligned middle straight between its memory and the disk, with no
+ *     copy in user space, in requests of up to 16 MiB, several in flight;
+ *   - everything else (headers, the edges of such segments, small or non-congruent ones)
+ *     goes through page-aligned bounce buffers of 1 MiB, reused across calls.
+ * A descriptor without O_DIRECT gets the same requests, through the page cache. A write
+ * that the filesystem refuses with EINVAL under O_DIRECT (alignment stricter than the
+ * block) clears O_DIRECT on the descriptor (fcntl) and is written again buffered; the
+ * stats say so.
+ *
+ * Failures answer 1 (cudaErrorInvalidValue) for bad arguments and 999 (cudaErrorUnknown)
+ * for the operating system's refusal, with errno as the native code of hostregGetLastError
+ * (ENOSPC, EIO, ...) and the call, offset and length in its message. All functions are
+ * thread-safe.
+ */
+#ifndef HOSTREG_IO_H
+#define HOSTREG_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hostreg/hostreg.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Alignment (bytes) of every O_DIRECT request: a multiple of the logical block size of the
+ * disks and filesystems in use (512 or 4,096 bytes), and the page size on x86-64. */
+#define HOSTREG_IO_BLOCK 4096
+/* A congruent segment moves straight from its memory only when its aligned middle is at
+ * least this many bytes; smaller ones are gathered into bounce buffers, so that many small
+ * tensors still reach the disk as large requests. */
+#define HOSTREG_IO_MIN_DIRECT (256 * 1024)
+
+/* One byte range of a file and the memory its bytes come from or go to. */
+typedef struct hostregFileSegment {
+    uint64_t file_offset; /* where the bytes lie in the file */
+    uint64_t length;      /* bytes */
+    void* memory;         /* writes: their source; reads: their destination */
+} hostregFileSegment;
+
+/* For writes: "store the CRC-32 (zlib's crc32, as ZIP uses) of segment `crc_of`, 4 bytes
+ * little-endian, at byte `offset` of segment `into` before writing that segment". The
+ * bytes of `into` are written only once the checksum is in place; everything else is
+ * written meanwhile. */
+typedef struct hostregCrcPatch {
+    size_t crc_of;
+    size_t into;
+    uint64_t offset;
+} hostregCrcPatch;
+
+/* What a transfer did, in bytes. */
+typedef struct hostregFileStats {
+    uint64_t direct_bytes;  /* moved straight between the segments' memory and the file */
+    uint64_t bounced_bytes; /* moved through a bounce buffer (including padding) */
+    uint64_t requests;      /* requests (pwrite/pread calls that moved bytes) */
+    int direct;             /* 1 when the descriptor had O_DIRECT to the end */
+} hostregFileStats;
+
+/* Writes segments[0..count) to fd with up to `threads` threads (0: 4). The segments must
+ * be in file order and tile [0, file size) exactly, without gaps or overlaps; the file is
+ * then truncated to that size (O_DIRECT pads the last block). With sync != 0 the data is
+ * durable on return (fdatasync). Memory of the `into` segments of patches is written to;
+ * the rest is only read. stats may be NULL. Returns 0, 1 or 999. */
+HOSTREG_API int hostregFileWrite(int fd, const hostregFileSegment* segments, size_t count,
+                                 const hostregCrcPatch* patches, size_t patch_count, unsigned int threads,
+                                 int sync, hostregFileStats* stats);
+
+/* Reads segments[0..count) (in file order, not overlapping; gaps are skipped) from fd into
+ * their memory with up to `threads` threads (0: 4). A segment that reaches past the end of
+ * the file answers 999 with native code EIO (a truncated checkpoint), naming the offset.
+ * stats may be NULL. Returns 0, 1 or 999. */
+HOSTREG_API int hostregFileRead(int fd, const hostregFileSegment* segments, size_t count, unsigned int threads,
+                                hostregFileStats* stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HOSTREG_IO_H */

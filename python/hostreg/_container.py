@@ -1,0 +1,359 @@
+"""DCP's ``TORCH_SAVE`` encoding of one tensor, written and read by hand (docs/checkpoint.md).
+
+A stock DCP checkpoint stores each tensor as a ``torch.save`` container (a ZIP archive of
+stored, uncompressed records) at an offset of its rank's file. hostreg's writer produces the
+same container, record for record, with two freedoms the format allows: the tensor's data
+record starts where the writer wants it (the local header's extra field pads it, as
+``torch.save`` itself pads records to ``.storage_alignment``), and its CRC-32 is filled in by
+the C core while the bytes go to disk. The small records (``.format_version``, ``byteorder``,
+``version``, ...) are taken from the installed torch's own ``torch.save`` output, so a
+container always says what that torch would say. ``torch.load`` (and so DCP's stock
+``FileSystemReader`` and ``format_utils.dcp_to_torch_save``) reads it as any other.
+
+ZIP facts (PKWARE APPNOTE 6.3.x, sections 4.3.7-4.3.16, 4.5.3): local header 30 bytes +
+name + extra, then data; flag bit 3 puts CRC and sizes in a data descriptor after the data
+(``torch.save``'s writer, miniz, sets bits 3 and 11 and zeroes them in the local header);
+central directory headers of 46 bytes + name + extra; a ZIP64 end record, its locator, and
+the end record; sizes or offsets of 0xFFFFFFFF or more live in ZIP64 extra fields (id 1).
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import pickle
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_LOCAL = struct.Struct("<IHHHHHIIIHH")  # local file header
+_DESC = struct.Struct("<IIII")  # data descriptor: signature, crc, compressed and real size
+_DESC64 = struct.Struct("<IIQQ")
+_CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # central directory header
+_END64 = struct.Struct("<IQHHIIQQQQ")  # ZIP64 end of central directory record
+_LOCATOR = struct.Struct("<IIQI")  # ZIP64 end of central directory locator
+_END = struct.Struct("<IHHHHIIH")  # end of central directory record
+_FLAGS = 0x0808  # bit 3: data descriptor; bit 11: UTF-8 names (as torch.save writes)
+_PAD_ID = 0x4246  # "FB": the extra field torch.save pads records with
+_BIG = 0xFFFFFFFF
+
+ROOT = "archive"  # the folder torch.save names records under when writing to a stream
+
+
+def _storage_names() -> dict[torch.dtype, str]:
+    """dtype -> torch's legacy storage class name, as torch.save pickles it (quantized dtypes,
+    whose tensors pickle otherwise, left out)."""
+    from torch.storage import _dtype_to_storage_type_map
+
+    quantized = {torch.qint8, torch.qint32, torch.quint8, torch.quint4x2, torch.quint2x4}
+    return {d: n for d, n in _dtype_to_storage_type_map().items() if d not in quantized}
+
+
+_STORAGE_NAME = _storage_names()
+_DTYPE_OF = {n: d for d, n in _STORAGE_NAME.items()}
+
+
+def encodable(t: torch.Tensor) -> bool:
+    """Can :func:`tensor_pickle` describe ``t`` as ``torch.save`` would? (Dense, strided, a dtype
+    with a legacy storage class; others go through ``torch.save`` itself.)"""
+    return t.layout == torch.strided and not t.is_quantized and t.dtype in _STORAGE_NAME
+
+
+class _Storage:
+    """Stands for the data record in the pickle (a persistent id, as torch.save writes it)."""
+
+    __slots__ = ("pid",)
+
+    def __init__(self, dtype: torch.dtype, numel: int) -> None:
+        self.pid = ("storage", getattr(torch, _STORAGE_NAME[dtype]), "0", "cpu", numel)
+
+
+class _Tensor:
+    """Pickles as torch pickles a CPU tensor (``Tensor.__reduce_ex__``: ``_rebuild_tensor_v2``)."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, args: tuple) -> None:
+        self.args = args
+
+    def __reduce__(self) -> tuple:
+        return (torch._utils._rebuild_tensor_v2, self.args)
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> Any:
+        return obj.pid if type(obj) is _Storage else None
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+_pickles: dict[tuple, bytes] = {}
+
+
+def tensor_pickle(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
+    """``data.pkl`` of a contiguous tensor of ``dtype`` and ``shape`` whose storage is record
+    ``0``, byte for byte what ``torch.save`` writes for such a tensor (cached per signature)."""
+    key = (dtype, shape)
+    got = _pickles.get(key)
+    if got is None:
+        numel = 1
+        for n in shape:
+            numel *= n
+        buf = io.BytesIO()
+        args = (_Storage(dtype, numel), 0, tuple(shape), contiguous_strides(shape), False, collections.OrderedDict())
+        _Pickler(buf, protocol=2).dump(_Tensor(args))
+        got = _pickles[key] = buf.getvalue()
+    return got
+
+
+def _records_of(raw: bytes) -> list[tuple[str, bytes]]:
+    """(name without the root folder, payload) of every record of a small torch.save output."""
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(raw)) as z:
+        return [(i.filename.split("/", 1)[1], z.read(i)) for i in z.infolist()]
+
+
+def _torch_records() -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]], int]:
+    """The installed torch's small records before and after the data record, and its storage
+    alignment (64 in torch 2.13, ``.storage_alignment``; 64 before it was written down)."""
+    buf = io.BytesIO()
+    torch.save(torch.zeros(1), buf)
+    before, after, seen = [], [], False
+    for name, payload in _records_of(buf.getvalue()):
+        if name == "data/0":
+            seen = True
+        elif name == "data.pkl":
+            continue
+        elif name == ".data/serialization_id":
+            after.append((name, b""))  # this save's own, filled per container
+        else:
+            (after if seen else before).append((name, payload))
+    align = int(dict(before + after).get(".storage_alignment", b"64"))
+    return before, after, align
+
+
+_BEFORE, _AFTER, STORAGE_ALIGNMENT = _torch_records()
+
+
+@dataclass
+class Container:
+    """One tensor's container laid out at a file offset: ``head`` (bytes before the data),
+    the data record's place, and ``tail`` (after it), with where its CRC-32 goes in ``tail``."""
+
+    head: bytes
+    data_offset: int  # file offset of the first data byte
+    data_len: int
+    tail: bytearray
+    crc_at: tuple[int, int]  # offsets in tail of the data's CRC-32 (descriptor, central header)
+    length: int  # bytes of the whole container
+
+    def set_crc(self, crc: int) -> None:
+        for at in self.crc_at:
+            struct.pack_into("<I", self.tail, at, crc)
+
+
+def _name(n: str) -> bytes:
+    return f"{ROOT}/{n}".encode()
+
+
+def layout(pkl: bytes, data_len: int, start: int, data_at: Any, serialization_id: bytes) -> Container:
+    """The container of one tensor whose pickle is ``pkl`` and whose data is ``data_len`` bytes,
+    starting at file offset ``start``; ``data_at(first_possible)`` gives the file offset for the
+    data (>= its argument, ``first_possible`` + 0 or + 4 or more, as the padding field needs)."""
+    head = bytearray()
+    central = []  # (name, offset, crc, size)
+
+    def record(name: str, payload: bytes) -> None:
+        n = _name(name)
+        central.append((n, len(head), zlib.crc32(payload), len(payload)))
+        head.extend(_LOCAL.pack(0x04034B50, 0, _FLAGS, 0, 0, 0, 0, 0, 0, len(n), 0))
+        head.extend(n)
+        head.extend(payload)
+        head.extend(_DESC.pack(0x08074B50, central[-1][2], len(payload), len(payload)))
+
+    record("data.pkl", pkl)
+    for name, payload in _BEFORE:
+        record(name, payload)
+    n = _name("data/0")
+    lh = len(head)
+    first = start + lh + _LOCAL.size + len(n)
+    at = data_at(first)
+    pad = at - first
+    if 0 < pad < 4:
+        raise AssertionError("padding of 1-3 bytes cannot hold the extra field")
+    head.extend(_LOCAL.pack(0x04034B50, 0, _FLAGS, 0, 0, 0, 0, 0, 0, len(n), pad))
+    head.extend(n)
+    if pad:
+        head.extend(struct.pack("<HH", _PAD_ID, pad - 4))
+        head.extend(b"Z" * (pad - 4))
+    big = data_len >= _BIG
+    tail = bytearray()
+    crc_desc = len(tail) + 4
+    tail.extend((_DESC64.pack(0x08074B50, 0, data_len, data_len) if big else _DESC.pack(0x08074B50, 0, data_len, data_len)))
+    data_central = len(central)
+    central.append((n, lh, 0, data_len))
+    rel = len(head) + data_len + len(tail)  # offsets below are relative to the container
+    for name, payload in _AFTER:
+        if name == ".data/serialization_id":
+            payload = serialization_id
+        nm = _name(name)
+        crc = zlib.crc32(payload)
+        central.append((nm, rel, crc, len(payload)))
+        piece = (
+            _LOCAL.pack(0x04034B50, 0, _FLAGS, 0, 0, 0, 0, 0, 0, len(nm), 0)
+            + nm
+            + payload
+            + _DESC.pack(0x08074B50, crc, len(payload), len(payload))
+        )
+        tail.extend(piece)
+        rel += len(piece)
+    cd_start, crc_central = rel, 0
+    for i, (nm, off, crc, size) in enumerate(central):
+        extra = b""
+        fields = []
+        if size >= _BIG:
+            fields += [size, size]
+        if off >= _BIG:
+            fields.append(off)
+        if fields:
+            extra = struct.pack("<HH", 1, 8 * len(fields)) + struct.pack(f"<{len(fields)}Q", *fields)
+        if i == data_central:
+            crc_central = len(tail) + 16
+        s32 = _BIG if size >= _BIG else size
+        tail.extend(
+            _CENTRAL.pack(0x02014B50, 0, 0, _FLAGS, 0, 0, 0, crc, s32, s32, len(nm), len(extra), 0, 0, 0, 0,
+                          _BIG if off >= _BIG else off)
+        )
+        tail.extend(nm)
+        tail.extend(extra)
+    cd_size = len(head) + data_len + len(tail) - cd_start
+    end64 = len(head) + data_len + len(tail)
+    count = len(central)
+    tail.extend(_END64.pack(0x06064B50, 44, 0x031E, 45, 0, 0, count, count, cd_size, cd_start))
+    tail.extend(_LOCATOR.pack(0x07064B50, 0, end64, 1))
+    tail.extend(_END.pack(0x06054B50, 0, 0, count, count, min(cd_size, _BIG), min(cd_start, _BIG), 0))
+    return Container(bytes(head), at, data_len, tail, (crc_desc, crc_central), len(head) + data_len + len(tail))
+
+
+# ---- Reading ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Stored:
+    """Where a container's tensor lies: ``data_offset`` (relative to the container), its dtype,
+    shape, and the element offset into its storage record; the tensor is contiguous."""
+
+    data_offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    storage_offset: int
+
+
+class _MetaUnpickler(pickle.Unpickler):
+    """Reads a tensor's ``data.pkl`` without building anything: only the globals torch.save
+    writes for a dense CPU tensor are allowed (anything else is refused)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return _rebuilt
+        if module == "collections" and name == "OrderedDict":
+            return collections.OrderedDict
+        if module == "torch" and name in _DTYPE_OF:
+            return _DTYPE_OF[name]
+        raise pickle.UnpicklingError(f"{module}.{name} is not a plain tensor's")
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], torch.dtype)):
+            raise pickle.UnpicklingError("not a storage record")
+        return pid
+
+
+def _rebuilt(storage: Any, offset: int, size: Any, stride: Any, *rest: Any) -> tuple:
+    return (storage, offset, tuple(size), tuple(stride))
+
+
+def parse_tail(tail: bytes, length: int) -> dict[str, tuple[int, int]] | None:
+    """Records of a container from its last bytes: {name without root: (local header offset,
+    size)}, or None when ``tail`` does not reach back to the central directory."""
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + _END.size > len(tail):
+        return None
+    _, _, _, _, count, cd_size, cd_off, _ = _END.unpack_from(tail, at)
+    loc = at - _LOCATOR.size
+    if (cd_off == _BIG or cd_size == _BIG or count == 0xFFFF) and loc >= 0 and tail[loc:loc + 4] == b"PK\x06\x07":
+        end64 = _LOCATOR.unpack_from(tail, loc)[2] - (length - len(tail))
+        if end64 < 0:
+            return None
+        (_, _, _, _, _, _, _, count, cd_size, cd_off) = _END64.unpack_from(tail, end64)
+    pos = cd_off - (length - len(tail))
+    if pos < 0:
+        return None
+    out = {}
+    for _ in range(count):
+        f = _CENTRAL.unpack_from(tail, pos)
+        size, nlen, xlen, clen, off = f[9], f[10], f[11], f[12], f[16]
+        name = bytes(tail[pos + 46:pos + 46 + nlen]).decode()
+        x = pos + 46 + nlen
+        extra_end = x + xlen
+        while x + 4 <= extra_end:
+            xid, xl = struct.unpack_from("<HH", tail, x)
+            if xid == 1:
+                vals = list(struct.unpack_from(f"<{xl // 8}Q", tail, x + 4))
+                if size == _BIG:
+                    size = vals.pop(0)
+                    vals.pop(0)  # compressed size: the same for stored records
+                if off == _BIG and vals:
+                    off = vals.pop(0)
+            x += 4 + xl
+        out[name.split("/", 1)[1] if "/" in name else name] = (off, size)
+        pos += 46 + nlen + xlen + clen
+    return out
+
+
+def local_data_offset(head: bytes, at: int) -> int | None:
+    """Offset of the data of the record whose local header starts at ``at`` of ``head``."""
+    if at + _LOCAL.size > len(head) or head[at:at + 4] != b"PK\x03\x04":
+        return None
+    f = _LOCAL.unpack_from(head, at)
+    return at + _LOCAL.size + f[9] + f[10]
+
+
+def parse(head: bytes, tail: bytes, length: int) -> Stored | None:
+    """The tensor of a container from its first and last bytes (``length`` in all), or None
+    when they do not suffice or it is not a plain contiguous tensor (then torch.load it)."""
+    records = parse_tail(tail, length)
+    if records is None or "data.pkl" not in records or "data/0" not in records or len(
+        [n for n in records if n.startswith("data/")]
+    ) != 1:
+        return None
+    pkl_off, pkl_size = records["data.pkl"]
+    start = local_data_offset(head, pkl_off)
+    data_lh = records["data/0"][0]
+    data = local_data_offset(head, data_lh)
+    if start is None or data is None or start + pkl_size > len(head):
+        return None
+    try:
+        got = _MetaUnpickler(io.BytesIO(head[start:start + pkl_size])).load()
+    except Exception:
+        return None
+    if not (isinstance(got, tuple) and len(got) == 4 and isinstance(got[0], tuple)):
+        return None
+    (_, dtype, _, _, numel), offset, shape, stride = got
+    count = 1
+    for n in shape:
+        count *= n
+    if stride != contiguous_strides(shape) and count > 1:
+        return None
+    if offset + count > numel or numel * dtype.itemsize > records["data/0"][1]:
+        return None
+    return Stored(data, dtype, shape, offset)
