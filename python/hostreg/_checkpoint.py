@@ -67,7 +67,7 @@ def _say_buffered(directory: str, err: OSError) -> None:
             return
         _told_buffered.add(directory)
     _log.warning(
-        "hostreg: %s refuses O_DIRECT (%s; tmpfs and some network filesystems do): checkpoints there are "
+        "hostreg: %s refuses O_DIRECT (%s; ramfs, tmpfs before Linux 6.6 and some network filesystems do): checkpoints there are "
         "written and read through the page cache",
         directory,
         os.strerror(err.errno or 0),

@@ -1,0 +1,367 @@
+"""hostreg.torch.FileSystemWriter / FileSystemReader against the real thing: torch.save's own
+bytes, DCP's stock reader and writer, dcp_to_torch_save, both async checkpointers, two ranks
+over gloo, and saves that fail or die half-way (ENOSPC on a small tmpfs, RLIMIT_FSIZE,
+SIGKILL)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import state_dict_saver
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+import hostreg.torch as ht
+from hostreg import _container
+
+from conftest import run_python
+from ranks import app_state, build, differences, full_values, run_ranks, train_step
+
+warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def sample() -> dict:
+    g = torch.Generator().manual_seed(5)
+    big = torch.randn(700, 1000, generator=g)  # 2.8 MB: written from its memory with O_DIRECT
+    return {
+        "big": big,
+        "view": big[100:300],  # a view of a larger storage
+        "t": torch.randn(33, 17, generator=g).t(),  # not contiguous
+        "bf16": torch.randn(300_000, generator=g).to(torch.bfloat16),
+        "step": torch.tensor(7.0),
+        "empty": torch.empty(0, 3),
+        "mask": torch.rand(99, generator=g) > 0.5,
+        "c": torch.randn(5, 2, generator=g, dtype=torch.complex64),
+        "i64": torch.arange(-50, 50),
+        "lr": 1.5,
+        "blob": io.BytesIO(b"not a tensor"),
+    }
+
+
+def zeros_like(sd: dict) -> dict:
+    out = {}
+    for k, v in sd.items():
+        out[k] = torch.zeros_like(v) if isinstance(v, torch.Tensor) else None
+    out["blob"] = io.BytesIO()
+    return out
+
+
+def assert_same(got: dict, want: dict) -> None:
+    for k, v in want.items():
+        if isinstance(v, torch.Tensor):
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
+    assert got["lr"] == want["lr"]
+    assert got["blob"].getvalue() == want["blob"].getvalue()
+
+
+def containers(path: Path) -> list[bytes]:
+    """Every tensor item of a checkpoint as the bytes .metadata says it has."""
+    md = dcp.FileSystemReader(str(path)).read_metadata()
+    out = []
+    for index, info in md.storage_data.items():
+        if index.fqn in ("lr", "blob"):  # DCP's own torch.save of a non-tensor
+            continue
+        with open(path / info.relative_path, "rb") as f:
+            f.seek(info.offset)
+            out.append(f.read(info.length))
+    return out
+
+
+# ---- the encoding --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
+                                   torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128])
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (7,), (3, 5), (2, 0, 4), (2, 3, 4, 5)])
+def test_pickle_is_torch_saves_byte_for_byte(dtype: torch.dtype, shape: tuple):
+    t = torch.ones(shape, dtype=dtype)
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as z:
+        assert _container.tensor_pickle(dtype, shape) == z.read("archive/data.pkl")
+
+
+def test_containers_are_valid_zip_with_checksums_and_torch_loads_them(tmp_path: Path):
+    sd = sample()
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path / "h"), no_dist=True)
+    tensors = containers(tmp_path / "h")
+    assert len(tensors) == 9
+    for b in tensors:
+        with zipfile.ZipFile(io.BytesIO(b)) as z:
+            assert z.testzip() is None  # every record's CRC-32 checks, the data's included
+            names = [n.split("/", 1)[1] for n in z.namelist()]
+        assert names[0] == "data.pkl" and "data/0" in names and "byteorder" in names
+        torch.load(io.BytesIO(b), weights_only=True)
+
+
+# ---- round trips ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["plain", "arena"])
+def test_hostreg_writer_stock_reader_and_dcp_to_torch_save(tmp_path: Path, staged: bool):
+    sd = sample()
+    src = ht.create_cpu_state_dict(sd) if staged else sd
+    if staged:
+        ht.copy_state_dict(sd, src)
+    w = ht.FileSystemWriter(tmp_path / "h")
+    dcp.save(src, storage_writer=w, no_dist=True)
+    assert w.stats.direct, "this disk takes O_DIRECT"
+    assert w.stats.direct_bytes >= 2_000_000, w.stats  # the big tensor's middle, from its own memory
+    out = zeros_like(sd)
+    dcp.load(out, storage_reader=dcp.FileSystemReader(str(tmp_path / "h")), no_dist=True)
+    assert_same(out, sd)
+    dcp_to_torch_save(str(tmp_path / "h"), str(tmp_path / "all.pt"))
+    flat = torch.load(tmp_path / "all.pt", weights_only=False)
+    assert torch.equal(flat["big"], sd["big"]) and torch.equal(flat["t"], sd["t"])
+    assert sorted(os.listdir(tmp_path / "h")) == [".metadata", "__0_0.distcp"]
+    del src, out, flat
+
+
+@pytest.mark.parametrize("writer", ["stock", "stock-2-threads", "stock-per-item", "hostreg", "hostreg-per-item"])
+def test_hostreg_reader_reads_stock_and_own_checkpoints(tmp_path: Path, writer: str):
+    sd = sample()
+    w = {
+        "stock": lambda p: dcp.FileSystemWriter(p),
+        "stock-2-threads": lambda p: dcp.FileSystemWriter(p, thread_count=2),
+        "stock-per-item": lambda p: dcp.FileSystemWriter(p, single_file_per_rank=False),
+        "hostreg": lambda p: ht.FileSystemWriter(p),
+        "hostreg-per-item": lambda p: ht.FileSystemWriter(p, single_file_per_rank=False, thread_count=1),
+    }[writer](str(tmp_path / "c"))
+    dcp.save(sd, storage_writer=w, no_dist=True)
+    out = zeros_like(sd)
+    r = ht.FileSystemReader(tmp_path / "c")
+    dcp.load(out, storage_reader=r, no_dist=True)
+    assert_same(out, sd)
+    assert r.stats.direct and r.stats.direct_bytes + r.stats.bounced_bytes >= sd["big"].nbytes
+
+
+def test_reader_into_other_dtypes_and_non_contiguous_destinations(tmp_path: Path):
+    sd = {"a": torch.randn(64, 48)}
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path / "c"), no_dist=True)
+    out = {"a": torch.zeros(48, 64).t()}  # a transposed destination: staged, then copied
+    dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path / "c"), no_dist=True)
+    assert torch.equal(out["a"], sd["a"])
+
+
+def test_truncated_file_is_an_error_not_garbage(tmp_path: Path):
+    sd = sample()
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path / "c"), no_dist=True)
+    f = tmp_path / "c" / "__0_0.distcp"
+    os.truncate(f, f.stat().st_size // 2)
+    with pytest.raises(BaseException, match="truncated|EIO|Input/output"):  # CheckpointException is a BaseException
+        dcp.load(zeros_like(sd), storage_reader=ht.FileSystemReader(tmp_path / "c"), no_dist=True)
+
+
+BUFFERED = textwrap.dedent(
+    """
+    import io, logging, sys, warnings, torch
+    warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
+    import torch.distributed.checkpoint as dcp
+    import hostreg.torch as ht
+    from hostreg._checkpoint import probe_direct_io
+    d = sys.argv[1]
+    sd = {"big": torch.randn(1000, 1000), "small": torch.arange(10)}
+    for i in range(2):
+        w = ht.FileSystemWriter(f"{d}/c{i}")
+        dcp.save(sd, storage_writer=w, no_dist=True)
+        assert not w.stats.direct, w.stats  # through the page cache (still no bounce copy)
+    out = {"big": torch.zeros(1000, 1000), "small": torch.zeros(10, dtype=torch.long)}
+    r = ht.FileSystemReader(f"{d}/c1")
+    dcp.load(out, storage_reader=r, no_dist=True)
+    assert not r.stats.direct and torch.equal(out["big"], sd["big"]) and torch.equal(out["small"], sd["small"])
+    print("PROBE", probe_direct_io(d))
+    """
+)
+
+
+def test_a_filesystem_without_o_direct_is_written_buffered_and_said_once_per_directory(tmp_path: Path):
+    mnt = tmp_path / "ramfs"
+    mnt.mkdir()
+    script = tmp_path / "buffered.py"
+    script.write_text(BUFFERED)
+    # ramfs refuses O_DIRECT (EINVAL), as some network filesystems do; tmpfs takes it since Linux 6.6.
+    cmd = f"mount -t ramfs none {mnt} && {sys.executable} {script} {mnt}"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120)
+    if r.returncode == 32 and "mount" in r.stderr:
+        pytest.skip(f"cannot mount a ramfs here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = [line for line in r.stderr.splitlines() if line.startswith("LOG") and "O_DIRECT" in line]
+    assert len(said) == 2, r.stderr  # once for each checkpoint directory, not per file or save
+    assert "PROBE (False," in r.stdout and "page cache" in r.stdout, r.stdout
+    from hostreg._checkpoint import probe_direct_io
+
+    assert probe_direct_io(tmp_path) == (True, "")
+
+
+STAGERS = ["hostreg-async", "hostreg-sync", "default", "none"]
+
+
+def _async_saves(rank: int, world: int, path: str, checkpointer: str, stagers: list[str]) -> None:
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    sd = {k: v for k, v in sample().items() if k != "blob"}
+    kind = getattr(state_dict_saver.AsyncCheckpointerType, checkpointer.upper())
+    for name in stagers:
+        s = {
+            "hostreg-async": lambda: ht.Stager(async_staging=True),
+            "hostreg-sync": lambda: ht.Stager(),
+            "default": lambda: DefaultStager(StagingOptions(False, False, False, False)),
+            "none": lambda: None,
+        }[name]()
+        try:
+            for i in range(2):
+                where = f"{path}/{name}-{i}"
+                res = dcp.async_save(sd, storage_writer=ht.FileSystemWriter(where), async_stager=s,
+                                     async_checkpointer_type=kind)
+                (res.upload_completion if hasattr(res, "upload_completion") else res).result(timeout=120)
+                out = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else None for k, v in sd.items()}
+                dcp.load(out, storage_reader=ht.FileSystemReader(where))
+                for k, v in sd.items():
+                    if isinstance(v, torch.Tensor):
+                        assert torch.equal(out[k], v), (name, k)
+                del res, out
+        finally:
+            if s is not None:
+                s.close()
+
+
+@pytest.mark.parametrize("checkpointer", ["thread", "process"])
+def test_async_save_with_any_stager_and_both_checkpointers(tmp_path: Path, checkpointer: str):
+    run_ranks(_async_saves, (str(tmp_path), checkpointer, STAGERS), world=1, timeout=300)
+
+
+def _two_ranks(rank: int, world: int, path: str) -> None:
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    model, opt = build("fsdp", seed=0, mesh=mesh)
+    train_step(model, opt, 0)
+    sd = app_state(model, opt)
+    want = full_values(sd)
+    stager = ht.Stager(async_staging=True)
+    res = dcp.async_save(sd, storage_writer=ht.FileSystemWriter(f"{path}/fsdp"), async_stager=stager,
+                         async_checkpointer_type=state_dict_saver.AsyncCheckpointerType.PROCESS)
+    res.upload_completion.result(timeout=120)
+    stager.close()
+    for reader in (ht.FileSystemReader(f"{path}/fsdp"), dcp.FileSystemReader(f"{path}/fsdp")):
+        model2, opt2 = build("tp", seed=1, mesh=mesh)  # another sharding: resharded on load
+        train_step(model2, opt2, 0)
+        sd2 = app_state(model2, opt2)
+        dcp.load(sd2, storage_reader=reader)
+        set_state_dict(model2, opt2, model_state_dict=sd2["model"], optim_state_dict=sd2["optim"])
+        bad = differences(full_values(app_state(model2, opt2)), want)
+        assert not bad, f"{type(reader).__module__}: " + "; ".join(bad[:5])
+    if rank == 0:
+        torch.save(want, f"{path}/want.pt")
+
+
+def test_two_ranks_fsdp_saved_and_loaded_resharded_over_gloo(tmp_path: Path):
+    run_ranks(_two_ranks, (str(tmp_path),), world=2, timeout=300)
+    want = torch.load(tmp_path / "want.pt", weights_only=False)
+    model, opt = build("plain", seed=2)
+    train_step(model, opt, 0)
+    sd = app_state(model, opt)
+    dcp.load(sd, storage_reader=ht.FileSystemReader(tmp_path / "fsdp"), no_dist=True)  # 2 ranks -> 1 process
+    bad = differences(full_values(sd), want)
+    assert not bad, "; ".join(bad[:5])
+
+
+# ---- saves that fail or die half-way -------------------------------------------------------
+
+SAVER = textwrap.dedent(
+    """
+    import os, sys, warnings, torch
+    warnings.filterwarnings("ignore")
+    import torch.distributed.checkpoint as dcp
+    import hostreg.torch as ht
+    path, mib, loops = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    for i in range(loops):
+        sd = {f"t{k}": torch.full((mib << 18,), float(i * 100 + k)) for k in range(4)}
+        sd["step"] = torch.tensor(float(i))
+        dcp.save(sd, storage_writer=ht.FileSystemWriter(path), no_dist=True)
+        print("saved", i, flush=True)
+    """
+)
+
+
+def load_outcome(path: Path, mib: int) -> str:
+    """'none' when the directory does not load (DCP raises), 'whole' when it loads one save's
+    values completely; anything else fails the test."""
+    sd = {f"t{k}": torch.zeros(mib << 18) for k in range(4)}
+    sd["step"] = torch.tensor(-1.0)
+    try:
+        dcp.load(sd, storage_reader=ht.FileSystemReader(path), no_dist=True)
+    except BaseException as e:  # CheckpointException derives from BaseException
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return "none"
+    i = int(sd["step"])
+    for k in range(4):
+        assert torch.equal(sd[f"t{k}"], torch.full((mib << 18,), float(i * 100 + k))), f"t{k} is not save {i}'s"
+    return "whole"
+
+
+def test_enospc_on_a_small_tmpfs_leaves_nothing_that_loads(tmp_path: Path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER)
+    # A private mount namespace: the 8 MiB tmpfs is gone when the child ends.
+    cmd = (f"mount -t tmpfs -o size=8m none {mnt} && mkdir {mnt}/keep && echo other > {mnt}/keep/file && "
+           f"{sys.executable} {script} {mnt}/ckpt 4 1; rc=$?; ls -a {mnt}/ckpt; cat {mnt}/keep/file; exit $rc")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120)
+    if "mount:" in r.stderr and r.returncode == 32:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    assert r.returncode != 0, r.stdout
+    assert "No space left on device" in r.stderr, r.stderr[-2000:]
+    listing = r.stdout.split()
+    assert ".metadata" not in listing and "__0_0.distcp" not in listing, listing  # partial file removed
+    assert "other" in listing  # nothing outside the checkpoint touched
+
+
+@pytest.mark.parametrize("limit_mib", [1, 5])
+def test_failed_write_over_an_old_checkpoint_leaves_one_that_does_not_load(tmp_path: Path, limit_mib: int):
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER)
+    ok = run_python(f"import sys; sys.argv = ['x', {str(tmp_path / 'c')!r}, '2', '1']\n" + SAVER)
+    assert ok.returncode == 0, ok.stderr
+    assert load_outcome(tmp_path / "c", 2) == "whole"
+    # The next save of the same directory fails half-way: files may not grow past the limit
+    # (RLIMIT_FSIZE: pwrite answers EFBIG; Python ignores SIGXFSZ).
+    r = subprocess.run(["prlimit", f"--fsize={limit_mib << 20}", sys.executable, str(script), str(tmp_path / "c"), "2", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "File too large" in r.stderr, r.stderr[-2000:]
+    assert load_outcome(tmp_path / "c", 2) == "none"  # never the old metadata over new data
+
+
+def test_sigkill_at_random_points_never_leaves_a_checkpoint_that_loads_wrong(tmp_path: Path):
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER)
+    rng = random.Random(17)
+    outcomes = []
+    for trial in range(6):
+        path = tmp_path / f"c{trial}"
+        p = subprocess.Popen([sys.executable, str(script), str(path), "8", "1000"], stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None
+        p.stdout.readline()  # one save done: the writer is warm
+        time.sleep(rng.uniform(0.0, 0.4))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        outcomes.append(load_outcome(path, 8))
+    assert set(outcomes) <= {"none", "whole"}, outcomes
