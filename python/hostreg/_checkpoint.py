@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from . import _container, _hostreg
 from ._core import last_error
 
-__all__ = ["FileSystemReader", "FileSystemWriter", "probe_direct_io"]
+__all__ = ["FileSystemReader", "FileSystemWriter"]
 
 _log = logging.getLogger("hostreg")
 
@@ -86,31 +86,6 @@ def _open(path: str, flags: int, direct: bool) -> tuple[int, bool]:
                 raise
             _say_buffered(os.path.dirname(path) or ".", e)
     return os.open(path, flags, 0o644), False
-
-
-def probe_direct_io(directory: str | os.PathLike) -> tuple[bool, str]:
-    """(True, "") when files in ``directory`` can be opened with O_DIRECT, else (False, why);
-    for ``hostreg doctor``. Creates and removes one unnamed or temporary file there."""
-    d = os.fspath(directory)
-    try:
-        fd = os.open(d, os.O_TMPFILE | os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC, 0o600)
-        os.close(fd)
-        return True, ""
-    except OSError as e:
-        if e.errno not in (22, 95):  # EINVAL: no O_DIRECT; EOPNOTSUPP: no O_TMPFILE, try a name
-            return False, f"{d}: {e.strerror}"
-    path = os.path.join(d, f".hostreg-probe-{secrets.token_hex(4)}")
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC, 0o600)
-        os.close(fd)
-        return True, ""
-    except OSError as e:
-        return False, f"{d} refuses O_DIRECT ({e.strerror}): checkpoints there go through the page cache"
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def _fsync_dir(directory: str) -> None:

@@ -128,6 +128,9 @@ def _doctor(args: argparse.Namespace) -> int:
     limits.add_row("transparent huge pages (anon / shmem)", f"{d.thp} / {d.thp_shmem}")
     limits.add_row("torch", d.torch or "not installed")
     limits.add_row("torch.cuda.cudart()", d.torch_cudart)
+    for directory in args.checkpoint_dir or []:
+        ok, why = doctor.probe_direct_io(directory)
+        limits.add_row(f"checkpoints in {directory}", "O_DIRECT (disk speed, no page cache)" if ok else why)
     out.print(limits, soft_wrap=True)
     if d.backend_note:
         out.print(f"note: {d.backend_note}", soft_wrap=True, highlight=False)
@@ -174,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     d.add_argument(
         "--bytes", type=int, default=DEFAULT_BYTES, help="bytes to judge staging for (default: the embedded default model, %(default)s)"
+    )
+    d.add_argument(
+        "--checkpoint-dir", action="append", metavar="DIR",
+        help="say whether hostreg.torch.FileSystemWriter/Reader get O_DIRECT in DIR (repeatable)",
     )
     d.set_defaults(func=_doctor)
     return parser

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import resource
+import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -186,3 +187,29 @@ def to_json(d: Diagnosis) -> dict[str, Any]:
     out = asdict(d)
     out["ok"] = not d.problems
     return out
+
+
+def probe_direct_io(directory: str | os.PathLike) -> tuple[bool, str]:
+    """(True, "") when files in ``directory`` can be opened with O_DIRECT, as hostreg.torch's
+    checkpoint writer and reader open them, else (False, why). Creates and removes one unnamed
+    (O_TMPFILE) or temporary file there."""
+    d = os.fspath(directory)
+    try:
+        fd = os.open(d, os.O_TMPFILE | os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+        return True, ""
+    except OSError as e:
+        if e.errno not in (22, 95):  # EINVAL: no O_DIRECT; EOPNOTSUPP: no O_TMPFILE, try a name
+            return False, f"{d}: {e.strerror}"
+    path = os.path.join(d, f".hostreg-probe-{secrets.token_hex(4)}")
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+        return True, ""
+    except OSError as e:
+        return False, f"{d} refuses O_DIRECT ({e.strerror}): checkpoints there go through the page cache"
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

@@ -173,7 +173,7 @@ BUFFERED = textwrap.dedent(
     logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
     import torch.distributed.checkpoint as dcp
     import hostreg.torch as ht
-    from hostreg._checkpoint import probe_direct_io
+    from hostreg.doctor import probe_direct_io
     d = sys.argv[1]
     sd = {"big": torch.randn(1000, 1000), "small": torch.arange(10)}
     for i in range(2):
@@ -203,9 +203,12 @@ def test_a_filesystem_without_o_direct_is_written_buffered_and_said_once_per_dir
     said = [line for line in r.stderr.splitlines() if line.startswith("LOG") and "O_DIRECT" in line]
     assert len(said) == 2, r.stderr  # once for each checkpoint directory, not per file or save
     assert "PROBE (False," in r.stdout and "page cache" in r.stdout, r.stdout
-    from hostreg._checkpoint import probe_direct_io
+    from hostreg.doctor import probe_direct_io
 
     assert probe_direct_io(tmp_path) == (True, "")
+    out = subprocess.run([str(Path(sys.executable).parent / "hostreg"), "doctor", "--checkpoint-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"}).stdout
+    assert f"checkpoints in {tmp_path}" in out and "O_DIRECT (disk speed" in out, out
 
 
 STAGERS = ["hostreg-async", "hostreg-sync", "default", "none"]
