@@ -467,13 +467,15 @@ class FileSystemReader(_StockReader):
 
     def _serve(self, fd: int, reqs: list[Any], planner: LoadPlanner) -> list[Any]:
         # Pass 1: every byte item whole, and each tensor container's first and last bytes.
-        items = {}
+        items, byte_items = {}, set()
         for req in reqs:
             items.setdefault(req.storage_index, self.storage_data[req.storage_index])
+            if req.type == LoadItemType.BYTE_IO:
+                byte_items.add(req.storage_index)
         windows: dict[Any, tuple[bytearray, int, bytearray, int]] = {}
         segs = []
         for idx, info in items.items():
-            whole = any(r.type == LoadItemType.BYTE_IO for r in reqs if r.storage_index == idx) or info.length <= HEAD + TAIL
+            whole = idx in byte_items or info.length <= HEAD + TAIL
             if whole:
                 buf = bytearray(info.length)
                 windows[idx] = (buf, 0, buf, 0)
