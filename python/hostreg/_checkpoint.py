@@ -467,7 +467,8 @@ class FileSystemReader(_StockReader):
 
     def _serve(self, fd: int, reqs: list[Any], planner: LoadPlanner) -> list[Any]:
         # Pass 1: every byte item whole, and each tensor container's first and last bytes.
-        items, byte_items = {}, set()
+        items: dict[Any, Any] = {}
+        byte_items: set[Any] = set()
         for req in reqs:
             items.setdefault(req.storage_index, self.storage_data[req.storage_index])
             if req.type == LoadItemType.BYTE_IO:
@@ -489,7 +490,9 @@ class FileSystemReader(_StockReader):
         self._transfer(fd, segs)
 
         # Pass 2: the tensors' bytes, into their destinations or a staging buffer.
-        slow, direct, staged = [], [], []
+        slow: list[Any] = []
+        direct: list[Any] = []
+        staged: list[Any] = []
         for req in reqs:
             info = items[req.storage_index]
             head, _, tail, _ = windows[req.storage_index]

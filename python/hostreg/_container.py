@@ -109,7 +109,7 @@ def tensor_pickle(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
         for n in shape:
             numel *= n
         buf = io.BytesIO()
-        args = (_Storage(dtype, numel), 0, tuple(shape), contiguous_strides(shape), False, collections.OrderedDict())
+        args: tuple = (_Storage(dtype, numel), 0, tuple(shape), contiguous_strides(shape), False, collections.OrderedDict())
         _Pickler(buf, protocol=2).dump(_Tensor(args))
         got = _pickles[key] = buf.getvalue()
     return got
@@ -128,7 +128,9 @@ def _torch_records() -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]], 
     alignment (64 in torch 2.13, ``.storage_alignment``; 64 before it was written down)."""
     buf = io.BytesIO()
     torch.save(torch.zeros(1), buf)
-    before, after, seen = [], [], False
+    before: list[tuple[str, bytes]] = []
+    after: list[tuple[str, bytes]] = []
+    seen = False
     for name, payload in _records_of(buf.getvalue()):
         if name == "data/0":
             seen = True
