@@ -22,7 +22,9 @@ Per state dict, in one run:
             as extra rows). One Stager per state dict for every writer; each writer saves once
             untimed first, so every timed save is warm (the arena exists). Page-cache growth:
             Cached + Dirty of /proc/meminfo right before (after sync + drop_caches) and right
-            after the save, as a percentage of the bytes saved.
+            after the save, as a percentage of the bytes saved; also the checkpoint files' own
+            pages in the page cache right after (fincore), which library pages read back after
+            drop_caches do not move (an idle second's Cached growth is in the caption).
   loads     from the checkpoint of hostreg's default writer and of DCP's thread_count=1 writer:
             stock dcp.load(dest, checkpoint_id=d) against dcp.load(dest,
             storage_reader=hostreg.torch.FileSystemReader(d)), into one preallocated destination
@@ -275,7 +277,7 @@ def run_case(count: int, total: int, reps: int, root: str, host: Host, engines: 
         time.sleep(1.0)
         after = host.meminfo()
         idle = (after["Cached"] + after["Dirty"]) - (before["Cached"] + before["Dirty"])
-        notes.add(f"Cached + Dirty grew by {idle / MiB:.0f} MiB ({100.0 * idle / nbytes:.1f}% of the bytes) over an idle "
+        notes.add(f"Cached + Dirty grew by {round(idle / MiB) + 0} MiB ({round(100.0 * idle / nbytes, 1) + 0.0:.1f}% of the bytes) over an idle "
                   "second after drop_caches (other processes, library pages read back): the noise in page cache +%.")
     finally:
         stager.close()
@@ -329,7 +331,7 @@ def case_table(title: str, res: dict[str, Any], caption: str) -> tuple[Table, in
             if name == HR:
                 misses += sum(not ok for _, ok in checks)
         table.add_row(f"save {name}", f"{staged:.3f}", f"{s:.3f}", f"{n / s / 1e9:.2f}", f"{s / wceil:.2f}",
-                      f"{s / base:.2f}", f"{cache + 0.0:.1f}", f"{resident:.1f}", "", io_note(res["stats"].get(name)), targets)
+                      f"{s / base:.2f}", f"{round(cache, 1) + 0.0:.1f}", f"{resident:.1f}", "", io_note(res["stats"].get(name)), targets)
     table.add_section()
     for short in LOAD_FROM.values():
         stock = med(res, f"{short}|{READERS[0]}")
