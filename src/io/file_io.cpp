@@ -99,47 +99,38 @@ bool drop_direct(int fd, std::atomic<int>* direct) {
     return true;
 }
 
-Status write_all(int fd, const char* p, uint64_t len, uint64_t off, std::atomic<int>* direct) {
-    bool retried = false;
-    while (len > 0) {
-        const ssize_t n = pwrite(fd, p, len, static_cast<off_t>(off));
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EINVAL && !retried && drop_direct(fd, direct)) {
-                retried = true;
-                continue;
-            }
-            return os_error("pwrite", len, off, errno);
-        }
-        if (n == 0) return os_error("pwrite", len, off, EIO);
-        p += n;
-        off += static_cast<uint64_t>(n);
-        len -= static_cast<uint64_t>(n);
-    }
-    return Status::ok();
-}
-
-// Reads up to len bytes; *got is how many the file had (fewer only at its end).
-Status read_some(int fd, char* p, uint64_t len, uint64_t off, std::atomic<int>* direct, uint64_t* got) {
+// pwrite (write) or pread of len bytes at off, resuming after EINTR and short transfers, and
+// retrying once buffered when O_DIRECT is refused with EINVAL. *got: bytes moved (a read
+// moves fewer only at the end of the file; a write always all, or fails).
+Status transfer(bool write, int fd, char* p, uint64_t len, uint64_t off, std::atomic<int>* direct, uint64_t* got) {
+    const char* call = write ? "pwrite" : "pread";
     bool retried = false;
     *got = 0;
     while (len > 0) {
-        const ssize_t n = pread(fd, p, len, static_cast<off_t>(off));
+        const ssize_t n = write ? pwrite(fd, p, len, static_cast<off_t>(off)) : pread(fd, p, len, static_cast<off_t>(off));
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EINVAL && !retried && drop_direct(fd, direct)) {
                 retried = true;
                 continue;
             }
-            return os_error("pread", len, off, errno);
+            return os_error(call, len, off, errno);
         }
-        if (n == 0) break;  // end of file
+        if (n == 0) {
+            if (write) return os_error(call, len, off, EIO);
+            break;  // end of file
+        }
         p += n;
         off += static_cast<uint64_t>(n);
         len -= static_cast<uint64_t>(n);
         *got += static_cast<uint64_t>(n);
     }
     return Status::ok();
+}
+
+Status write_all(int fd, const char* p, uint64_t len, uint64_t off, std::atomic<int>* direct) {
+    uint64_t got;  // pwrite never writes through p
+    return transfer(true, fd, const_cast<char*>(p), len, off, direct, &got);
 }
 
 Status truncated(uint64_t need, uint64_t have) {
@@ -259,10 +250,17 @@ class Writer {
             if (count == 0) finish_job(j, nullptr);  // an empty segment: crc32 of nothing is 0
         }
         TaskQueue q(reqs_.size() + pieces.size());
-        // Ready now, in file order: checksum pieces first, as writes wait for them.
-        for (size_t i = 0; i < pieces.size(); ++i) q.push(reqs_.size() + i);
+        // Ready now, in file order, checksum pieces and writes interleaved: the threads then
+        // checksum one part of the file while the disk takes another.
+        std::vector<std::pair<uint64_t, size_t>> ready;  // (file offset, task)
+        for (size_t i = 0; i < pieces.size(); ++i)
+            ready.emplace_back(seg_[jobs_[pieces[i].first]->segment].file_offset + pieces[i].second * kCrcPiece,
+                               reqs_.size() + i);
         for (size_t r = 0; r < reqs_.size(); ++r)
-            if (reqs_[r]->waiting.load() == 0) q.push(r);
+            if (reqs_[r]->waiting.load() == 0) ready.emplace_back(reqs_[r]->off, r);
+        std::stable_sort(ready.begin(), ready.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
+        for (const auto& [off, task] : ready) q.push(task);
         std::atomic<uint64_t> direct_bytes{0}, bounced{0};
         run_parts(std::max(1u, thread_count(threads)), [&](size_t) {
             Bounce bounce;
@@ -490,14 +488,14 @@ Status file_read(int fd, const hostregFileSegment* segments, size_t count, unsig
             const ReadRequest& r = reqs[t];
             uint64_t got = 0;
             if (r.direct) {
-                Status s = read_some(fd, r.direct, r.len, r.off, &direct, &got);
+                Status s = transfer(false, fd, r.direct, r.len, r.off, &direct, &got);
                 if (s.is_ok() && got < r.len) s = truncated(r.off + r.len, r.off + got);
                 direct_bytes += got;
                 return s;
             }
             char* buf = nullptr;
             Status s = bounce.get(&buf);
-            if (s.is_ok()) s = read_some(fd, buf, r.len, r.off, &direct, &got);
+            if (s.is_ok()) s = transfer(false, fd, buf, r.len, r.off, &direct, &got);
             if (!s.is_ok()) return s;
             bounced += got;
             for (const Piece& p : r.pieces) {

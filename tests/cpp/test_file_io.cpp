@@ -93,6 +93,13 @@ struct Layout {
     }
 };
 
+// Writes l to f through the page cache, for the tests of reading.
+void write_plain(const Layout& l, const TempFile& f) {
+    int fd = f.open_for(O_WRONLY | O_TRUNC);
+    ASSERT_EQ(hostregFileWrite(fd, l.segs.data(), l.segs.size(), nullptr, 0, 2, 0, nullptr), 0) << last().message;
+    close(fd);
+}
+
 TEST(FileIo, WriteWithDirectIoMakesExactlyTheSegmentsBytes) {
     Layout l;
     TempFile f;
@@ -153,9 +160,7 @@ TEST(FileIo, ChecksumsArePatchedInBeforeTheirBytesAreWritten) {
 TEST(FileIo, ReadsSegmentsWithGapsIntoAnyMemory) {
     Layout l;
     TempFile f;
-    int fd = f.open_for(O_WRONLY | O_TRUNC);
-    ASSERT_EQ(hostregFileWrite(fd, l.segs.data(), l.segs.size(), nullptr, 0, 2, 0, nullptr), 0);
-    close(fd);
+    write_plain(l, f);
     const std::string file = f.contents();
     // Back into fresh memory: the big one congruent (direct), the odd one not, a gap between.
     Buf a{l.segs[1].length, 9}, b{l.segs[3].length, 10}, c{50, 11};
@@ -164,7 +169,7 @@ TEST(FileIo, ReadsSegmentsWithGapsIntoAnyMemory) {
         {l.segs[3].file_offset + 5, l.segs[3].length - 5, b.at(1)},
         {file.size() - 50, 50, c.at(3)},
     };
-    fd = f.open_for(O_RDONLY | O_DIRECT);
+    int fd = f.open_for(O_RDONLY | O_DIRECT);
     hostregFileStats st{};
     ASSERT_EQ(hostregFileRead(fd, want.data(), want.size(), 4, &st), 0) << last().message;
     close(fd);
@@ -177,13 +182,11 @@ TEST(FileIo, ReadsSegmentsWithGapsIntoAnyMemory) {
 TEST(FileIo, ReadingPastTheEndIsATruncatedFile) {
     Layout l;
     TempFile f;
-    int fd = f.open_for(O_WRONLY | O_TRUNC);
-    ASSERT_EQ(hostregFileWrite(fd, l.segs.data(), l.segs.size(), nullptr, 0, 1, 0, nullptr), 0);
-    close(fd);
+    write_plain(l, f);
     Buf a{1 << 20, 3};
     const uint64_t size = l.segs.back().file_offset + l.segs.back().length;
     hostregFileSegment s{size - 100, 200, a.at(0)};
-    fd = f.open_for(O_RDONLY | O_DIRECT);
+    int fd = f.open_for(O_RDONLY | O_DIRECT);
     EXPECT_EQ(hostregFileRead(fd, &s, 1, 1, nullptr), hostregErrorUnknown);
     close(fd);
     EXPECT_EQ(last().native, EIO);
