@@ -49,10 +49,7 @@ SUFFIX = ".distcp"  # DCP's DEFAULT_SUFFIX
 METADATA = ".metadata"
 _DCP_VERSION = "1.0.0"  # torch 2.13's CURRENT_DCP_VERSION; what its readers accept
 
-try:  # torch >= 2.5 stores per-item file slices in this class; older ones too, under this name
-    from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
-except ImportError as e:  # pragma: no cover - every torch that has DCP has them
-    raise ImportError(f"hostreg's checkpoint writer needs torch.distributed.checkpoint.filesystem: {e}") from e
+from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix  # DCP's own records of where items lie
 
 
 # ---- Files -----------------------------------------------------------------------------------
@@ -74,18 +71,18 @@ def _say_buffered(directory: str, err: OSError) -> None:
     )
 
 
-def _open(path: str, flags: int, direct: bool) -> tuple[int, bool]:
+def _open(path: str, flags: int, direct: bool) -> int:
     """Opens ``path`` with O_DIRECT where its filesystem allows, else without (said once per
-    directory). Returns (descriptor, O_DIRECT)."""
+    directory)."""
     flags |= os.O_CLOEXEC
     if direct:
         try:
-            return os.open(path, flags | os.O_DIRECT, 0o644), True
+            return os.open(path, flags | os.O_DIRECT, 0o644)
         except OSError as e:
             if e.errno != 22:  # EINVAL: this filesystem has no O_DIRECT
                 raise
             _say_buffered(os.path.dirname(path) or ".", e)
-    return os.open(path, flags, 0o644), False
+    return os.open(path, flags, 0o644)
 
 
 def _fsync_dir(directory: str) -> None:
@@ -96,7 +93,7 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _raise_io(what: str, code: int) -> None:
+def _raise_io(what: str) -> None:
     err = last_error()
     if err.native > 0:
         raise OSError(err.native, f"{what}: {err.message}")
@@ -173,7 +170,7 @@ class _FileLayout:
             fd, seg.buffer_info()[0], len(self.pieces), pat.buffer_info()[0], len(self.patches), threads, sync
         )
         if got[0] != 0:
-            _raise_io("cannot write the checkpoint file", got[0])
+            _raise_io("cannot write the checkpoint file")
         stats.add(got)
 
 
@@ -238,7 +235,6 @@ class FileSystemWriter(StorageWriter):
         self.save_id = secrets.token_hex(16)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank")
         self.use_collectives = kwargs.get("use_collectives", True)
 
@@ -250,7 +246,7 @@ class FileSystemWriter(StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         os.makedirs(self.path, exist_ok=True)
-        meta = self._own_metadata() if not self.use_collectives else self._metadata_path()
+        meta = self._own_metadata()
         if not self.use_collectives and self.rank is not None:
             plan = dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{self.rank}_"))
         if os.path.exists(meta):
@@ -325,7 +321,7 @@ class FileSystemWriter(StorageWriter):
 
     def _write_file(self, name: str, items: list[tuple[Any, Any]]) -> list[WriteResult]:
         lay = _FileLayout()
-        sid = str(int.from_bytes(bytes.fromhex(self.save_id), "big")).rjust(40, "0")[:40].encode()
+        sid = f"{int(self.save_id, 16):040d}".encode()  # 40 digits, as torch.save writes its ids
         align = _container.STORAGE_ALIGNMENT
         results = []
         for item, data in items:
@@ -344,20 +340,17 @@ class FileSystemWriter(StorageWriter):
                 WriteResult(index=item.index, size_in_bytes=lay.pos - start, storage_data=_StorageInfo(name, start, lay.pos - start))
             )
         path = os.path.join(self.path, name)
-        fd, _ = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.direct_io)
+        fd = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.direct_io)
         try:
             lay.write(fd, self.thread_count, self.sync_files, self.stats)
         except BaseException:
-            os.close(fd)
-            fd = -1
             try:
-                os.unlink(path)
+                os.unlink(path)  # a partial file is no part of any checkpoint
             except OSError:
                 pass
             raise
         finally:
-            if fd >= 0:
-                os.close(fd)
+            os.close(fd)
         return results
 
     def _writable(self, data: Any) -> torch.Tensor | None:
@@ -368,7 +361,7 @@ class FileSystemWriter(StorageWriter):
         if t.is_conj() or t.is_neg():
             t = t.resolve_conj().resolve_neg()
         if t.device.type != "cpu" or not t.is_contiguous():
-            t = t.to("cpu", memory_format=torch.contiguous_format) if t.device.type != "cpu" else t.contiguous()
+            t = t.cpu().contiguous()  # not Tensor.to(memory_format=...): that returns a CPU tensor as it is
             self.stats.copied_bytes += t.numel() * t.element_size()
         return t
 
@@ -426,9 +419,6 @@ class FileSystemReader(_StockReader):
         self.direct_io = direct_io
         self.stats = IoStats()
 
-    def __getstate__(self) -> dict:
-        return dict(self.__dict__)
-
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         self.stats = IoStats()
         per_file: dict[str, list[Any]] = {}
@@ -454,12 +444,12 @@ class FileSystemReader(_StockReader):
             seg.extend(s)
         got = _hostreg.file_read(fd, seg.buffer_info()[0], len(segments), self.thread_count)
         if got[0] != 0:
-            _raise_io("cannot read the checkpoint file", got[0])
+            _raise_io("cannot read the checkpoint file")
         self.stats.add(got)
 
     def _read_file(self, path: str, reqs: list[Any], planner: LoadPlanner) -> list[Any]:
         """Serves ``reqs`` from one file; returns those left to DCP's reader."""
-        fd, _ = _open(path, os.O_RDONLY, self.direct_io)
+        fd = _open(path, os.O_RDONLY, self.direct_io)
         try:
             return self._serve(fd, reqs, planner)
         finally:
@@ -491,37 +481,36 @@ class FileSystemReader(_StockReader):
 
         # Pass 2: the tensors' bytes, into their destinations or a staging buffer.
         slow: list[Any] = []
-        direct: list[Any] = []
-        staged: list[Any] = []
+        segs = []  # (file offset, bytes, address): what the second read fills
+        done: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []  # (req, destination, staged view to copy or None)
         for req in reqs:
             info = items[req.storage_index]
             head, _, tail, _ = windows[req.storage_index]
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, io.BytesIO(bytes(head)))
                 continue
-            st = _container.parse(bytes(head), bytes(tail), info.length)
+            st = _container.parse(head, tail, info.length)
             if st is None:
                 slow.append(req)
                 continue
-            self._place(info, st, req, planner, direct, staged)
-        if direct or staged:
-            segs = [(off, n, ptr) for off, n, ptr, _ in direct] + [(off, n, ptr) for off, n, ptr, *_ in staged]
+            done.append(self._place(info, st, req, planner, segs))
+        if segs:
             self._transfer(fd, segs)
         accel = False
-        for _, _, _, (req, target) in direct:
-            planner.commit_tensor(req, target)
-        for _, _, _, buf, view, req, target in staged:
-            accel |= target.device.type != "cpu"
-            target.copy_(view, non_blocking=target.device.type != "cpu")
+        for req, target, view in done:
+            if view is not None:
+                accel |= target.device.type != "cpu"
+                target.copy_(view, non_blocking=target.device.type != "cpu")
             planner.commit_tensor(req, target)
         if accel and hasattr(torch, "accelerator"):
             torch.accelerator.synchronize()
         return slow
 
-    def _place(self, info: Any, st: Any, req: Any, planner: LoadPlanner, direct: list, staged: list) -> None:
-        """Plans where the bytes of read item ``req`` go: straight into its destination when that
-        is one byte range of the stored tensor and a contiguous CPU tensor of its dtype; else the
-        covering rows into a staging buffer (copied after the read)."""
+    def _place(self, info: Any, st: Any, req: Any, planner: LoadPlanner, segs: list) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+        """Plans where the bytes of read item ``req`` go (appended to ``segs``): straight into its
+        destination when that is one byte range of the stored tensor and a contiguous CPU tensor
+        of its dtype; else the covering rows into a staging buffer. Returns (req, destination,
+        the staged view to copy into it after the read, or None)."""
         itemsize = st.dtype.itemsize
         shape = st.shape
         offs = tuple(req.storage_offsets)
@@ -547,20 +536,20 @@ class FileSystemReader(_StockReader):
             and not (target.is_conj() or target.is_neg())
         ):
             if nbytes:
-                direct.append((base + first * row, nbytes, target.data_ptr(), (req, target)))
-            else:
-                direct.append((base, 0, 0, (req, target)))
-            return
+                segs.append((base + first * row, nbytes, target.data_ptr()))
+            return req, target, None
         off = base + first * row
         buf = _staging(nbytes, off, pinned=target.device.type != "cpu")
-        view = buf[1][:nbytes].view(st.dtype).view((rows, *shape[1:]) if shape else ())
+        if nbytes:
+            segs.append((off, nbytes, buf.data_ptr()))
+        view = buf.view(st.dtype).view((rows, *shape[1:]) if shape else ())
         for d in range(1, len(shape)):
             view = view.narrow(d, offs[d], lens[d])
-        staged.append((off, nbytes, buf[0], buf, view, req, target))
+        return req, target, view
 
 
-def _staging(nbytes: int, file_offset: int, pinned: bool) -> tuple[int, torch.Tensor]:
-    """(address, uint8 tensor) of ``nbytes`` whose address is congruent to ``file_offset``
+def _staging(nbytes: int, file_offset: int, pinned: bool) -> torch.Tensor:
+    """A uint8 tensor of ``nbytes`` whose address is congruent to ``file_offset``
     modulo the block, so that the read goes straight into it; page-locked when ``pinned`` and
     hostreg can register it (the arena is freed with the tensor)."""
     extra = BLOCK
@@ -577,5 +566,4 @@ def _staging(nbytes: int, file_offset: int, pinned: bool) -> tuple[int, torch.Te
     if raw is None:
         raw = torch.empty(nbytes + extra, dtype=torch.uint8)
     shift = (file_offset - raw.data_ptr()) % BLOCK
-    t = raw[shift:shift + nbytes]
-    return t.data_ptr() if nbytes else 0, t
+    return raw[shift:shift + nbytes]

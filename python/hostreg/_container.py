@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from ._layout import contiguous_strides
+
 _LOCAL = struct.Struct("<IHHHHHIIIHH")  # local file header
 _DESC = struct.Struct("<IIII")  # data descriptor: signature, crc, compressed and real size
 _DESC64 = struct.Struct("<IIQQ")
@@ -86,14 +88,6 @@ class _Tensor:
 class _Pickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:
         return obj.pid if type(obj) is _Storage else None
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(out))
 
 
 _pickles: dict[tuple, bytes] = {}
@@ -284,7 +278,7 @@ def _rebuilt(storage: Any, offset: int, size: Any, stride: Any, *rest: Any) -> t
     return (storage, offset, tuple(size), tuple(stride))
 
 
-def parse_tail(tail: bytes, length: int) -> dict[str, tuple[int, int]] | None:
+def parse_tail(tail: bytes | bytearray, length: int) -> dict[str, tuple[int, int]] | None:
     """Records of a container from its last bytes: {name without root: (local header offset,
     size)}, or None when ``tail`` does not reach back to the central directory."""
     at = tail.rfind(b"PK\x05\x06")
@@ -322,7 +316,7 @@ def parse_tail(tail: bytes, length: int) -> dict[str, tuple[int, int]] | None:
     return out
 
 
-def local_data_offset(head: bytes, at: int) -> int | None:
+def local_data_offset(head: bytes | bytearray, at: int) -> int | None:
     """Offset of the data of the record whose local header starts at ``at`` of ``head``."""
     if at + _LOCAL.size > len(head) or head[at:at + 4] != b"PK\x03\x04":
         return None
@@ -330,7 +324,7 @@ def local_data_offset(head: bytes, at: int) -> int | None:
     return at + _LOCAL.size + f[9] + f[10]
 
 
-def parse(head: bytes, tail: bytes, length: int) -> Stored | None:
+def parse(head: bytes | bytearray, tail: bytes | bytearray, length: int) -> Stored | None:
     """The tensor of a container from its first and last bytes (``length`` in all), or None
     when they do not suffice or it is not a plain contiguous tensor (then torch.load it)."""
     records = parse_tail(tail, length)

@@ -149,14 +149,15 @@ class LeafMeta:
 def leaf_meta(t: torch.Tensor, own: bool) -> LeafMeta:
     local = local_of(t)
     shape = tuple(local.shape)
-    stride = _contiguous(shape) if own or local.numel() == 0 else tuple(local.stride())
+    stride = contiguous_strides(shape) if own or local.numel() == 0 else tuple(local.stride())
     dmeta = None
     if local is not t:
         dmeta = (t.device_mesh, tuple(t.placements), tuple(t.shape), tuple(t.stride()))
     return LeafMeta(local.dtype, shape, stride, dmeta)
 
 
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of a contiguous tensor of ``shape`` (in elements; dimensions of size 0 count as 1)."""
     strides, acc = [], 1
     for n in reversed(shape):
         strides.append(acc)

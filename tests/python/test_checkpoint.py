@@ -6,7 +6,6 @@ SIGKILL)."""
 from __future__ import annotations
 
 import io
-import logging
 import os
 import random
 import signal
@@ -14,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import warnings
 import zipfile
 from pathlib import Path
 
@@ -30,7 +28,6 @@ from hostreg import _container
 from conftest import run_python
 from ranks import app_state, build, differences, full_values, run_ranks, train_step
 
-warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
@@ -150,11 +147,13 @@ def test_hostreg_reader_reads_stock_and_own_checkpoints(tmp_path: Path, writer: 
 
 
 def test_reader_into_other_dtypes_and_non_contiguous_destinations(tmp_path: Path):
-    sd = {"a": torch.randn(64, 48)}
+    sd = {"a": torch.randn(64, 48), "b": torch.randn(1000)}
     dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path / "c"), no_dist=True)
-    out = {"a": torch.zeros(48, 64).t()}  # a transposed destination: staged, then copied
-    dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path / "c"), no_dist=True)
-    assert torch.equal(out["a"], sd["a"])
+    out = {"a": torch.zeros(48, 64).t(), "b": torch.zeros(1000, dtype=torch.float64)}  # staged, then copied
+    r = ht.FileSystemReader(tmp_path / "c")
+    dcp.load(out, storage_reader=r, no_dist=True)
+    assert torch.equal(out["a"], sd["a"]) and torch.equal(out["b"], sd["b"].double())
+    assert r.stats.bounced_bytes + r.stats.direct_bytes >= sd["a"].nbytes + sd["b"].nbytes  # read by hostreg
 
 
 def test_truncated_file_is_an_error_not_garbage(tmp_path: Path):
