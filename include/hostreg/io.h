@@ -3,18 +3,21 @@
  * hostreg.torch's checkpoint writer and reader (docs/checkpoint.md).
  *
  * A file is described as segments: byte ranges of the file, each with the memory its bytes
- * come from (writes) or go to (reads). Where the file is open with O_DIRECT, every request
- * to the kernel is aligned to HOSTREG_IO_BLOCK bytes in file offset, length and memory:
- *   - a segment whose memory address is congruent to its file offset modulo the block
- *     (address % block == offset % block) and that spans at least HOSTREG_IO_MIN_DIRECT
- *     bytes moves its aligned middle straight between its memory and the disk, with no
- *     copy in user space, in requests of up to 16 MiB, several in flight;
- *   - everything else (headers, the edges of such segments, small or non-congruent ones)
- *     goes through page-aligned bounce buffers of 1 MiB, reused across calls.
- * A descriptor without O_DIRECT gets the same requests, through the page cache. A write
- * that the filesystem refuses with EINVAL under O_DIRECT (alignment stricter than the
- * block) clears O_DIRECT on the descriptor (fcntl) and is written again buffered; the
- * stats say so.
+ * come from (writes) or go to (reads). The file is moved in requests of up to 16 MiB of
+ * consecutive file bytes, several in flight, each one pwritev / preadv whose pieces are:
+ *   - the aligned middle of a segment whose memory address is congruent to its file offset
+ *     modulo HOSTREG_IO_BLOCK (address % block == offset % block) and whose aligned middle
+ *     is at least HOSTREG_IO_MIN_DIRECT bytes: straight from or into its memory, no copy in
+ *     user space;
+ *   - everything else (headers, the edges of such segments, small or non-congruent ones, and
+ *     for reads gaps of up to 64 KiB between segments, read and dropped): through one
+ *     page-aligned 1 MiB bounce buffer per request, reused across calls.
+ * So a file of many tensors between small headers still reaches the disk as large requests.
+ * Where the file is open with O_DIRECT, every piece is aligned to HOSTREG_IO_BLOCK bytes in
+ * file offset, length and memory. A descriptor without O_DIRECT gets the same requests,
+ * through the page cache. A request that the filesystem refuses with EINVAL under O_DIRECT
+ * (alignment stricter than the block) clears O_DIRECT on the descriptor (fcntl) and is
+ * moved again buffered; the stats say so.
  *
  * Failures answer 1 (cudaErrorInvalidValue) for bad arguments and 999 (cudaErrorUnknown)
  * for the operating system's refusal, with errno as the native code of hostregGetLastError
@@ -37,8 +40,8 @@ extern "C" {
  * disks and filesystems in use (512 or 4,096 bytes), and the page size on x86-64. */
 #define HOSTREG_IO_BLOCK 4096
 /* A congruent segment moves straight from its memory only when its aligned middle is at
- * least this many bytes; smaller ones are gathered into bounce buffers, so that many small
- * tensors still reach the disk as large requests. */
+ * least this many bytes; smaller ones are gathered into the bounce buffers (a copy is
+ * cheaper than padding each to the block). */
 #define HOSTREG_IO_MIN_DIRECT (256 * 1024)
 
 /* One byte range of a file and the memory its bytes come from or go to. */
@@ -62,7 +65,7 @@ typedef struct hostregCrcPatch {
 typedef struct hostregFileStats {
     uint64_t direct_bytes;  /* moved straight between the segments' memory and the file */
     uint64_t bounced_bytes; /* moved through a bounce buffer (including padding) */
-    uint64_t requests;      /* requests (pwrite/pread calls that moved bytes) */
+    uint64_t requests;      /* requests (each one pwritev / preadv, more if it came back short) */
     int direct;             /* 1 when the descriptor had O_DIRECT to the end */
 } hostregFileStats;
 

@@ -155,9 +155,6 @@ class _FileLayout:
         self.pos += nbytes
         return len(self.pieces) - 1
 
-    def new_piece(self) -> None:
-        self._open = -1
-
     def write(self, fd: int, threads: int, sync: bool, stats: IoStats) -> None:
         base = _address(self.meta)
         seg = array.array("Q")
@@ -380,11 +377,9 @@ class FileSystemWriter(StorageWriter):
         c = _container.layout(_container.tensor_pickle(t.dtype, tuple(t.shape)), nbytes, start, data_at, sid)
         lay.add_bytes(c.head)
         if nbytes == 0:
-            c.set_crc(0)
-            lay.add_bytes(c.tail)
+            lay.add_bytes(c.tail)  # its CRC fields hold 0, the CRC-32 of no bytes
             return start
         data = lay.add_tensor(t, nbytes)
-        lay.new_piece()
         tail_piece = lay.add_bytes(c.tail)
         for at in c.crc_at:
             lay.patches.append((data, tail_piece, at))
@@ -395,6 +390,7 @@ class FileSystemWriter(StorageWriter):
 
 HEAD = 4096  # bytes read from a container's start: its pickle and headers
 TAIL = 4096  # and from its end: the central directory
+WHOLE = 1 << 20  # containers up to this size are read whole in the first pass (data included)
 
 
 class FileSystemReader(_StockReader):
@@ -466,7 +462,7 @@ class FileSystemReader(_StockReader):
         windows: dict[Any, tuple[bytearray, int, bytearray, int]] = {}
         segs = []
         for idx, info in items.items():
-            whole = idx in byte_items or info.length <= HEAD + TAIL
+            whole = idx in byte_items or info.length <= WHOLE
             if whole:
                 buf = bytearray(info.length)
                 windows[idx] = (buf, 0, buf, 0)
@@ -493,7 +489,7 @@ class FileSystemReader(_StockReader):
             if st is None:
                 slow.append(req)
                 continue
-            done.append(self._place(info, st, req, planner, segs))
+            done.append(self._place(info, st, req, planner, segs, head if head is tail else None))
         if segs:
             self._transfer(fd, segs)
         accel = False
@@ -506,11 +502,14 @@ class FileSystemReader(_StockReader):
             torch.accelerator.synchronize()
         return slow
 
-    def _place(self, info: Any, st: Any, req: Any, planner: LoadPlanner, segs: list) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+    def _place(
+        self, info: Any, st: Any, req: Any, planner: LoadPlanner, segs: list, whole: bytearray | None
+    ) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
         """Plans where the bytes of read item ``req`` go (appended to ``segs``): straight into its
         destination when that is one byte range of the stored tensor and a contiguous CPU tensor
-        of its dtype; else the covering rows into a staging buffer. Returns (req, destination,
-        the staged view to copy into it after the read, or None)."""
+        of its dtype; else the covering rows into a staging buffer. A container already read
+        ``whole`` (its bytes from its first one) is copied from there instead. Returns (req,
+        destination, the view to copy into it after the read, or None)."""
         itemsize = st.dtype.itemsize
         shape = st.shape
         offs = tuple(req.storage_offsets)
@@ -528,6 +527,13 @@ class FileSystemReader(_StockReader):
         nbytes = rows * row
         if tuple(target.shape) != (lens if shape else ()):
             raise AssertionError(f"req {req.storage_index} mismatch sizes {tuple(target.shape)} vs {lens}")
+        off = base + first * row
+        if whole is not None:
+            at = off - info.offset
+            if nbytes == 0:
+                return req, target, None
+            buf = torch.frombuffer(whole, dtype=torch.uint8, count=nbytes, offset=at)
+            return req, target, self._rows(buf, st, rows, offs, lens)
         if (
             inner_full
             and target.device.type == "cpu"
@@ -538,14 +544,19 @@ class FileSystemReader(_StockReader):
             if nbytes:
                 segs.append((base + first * row, nbytes, target.data_ptr()))
             return req, target, None
-        off = base + first * row
         buf = _staging(nbytes, off, pinned=target.device.type != "cpu")
         if nbytes:
             segs.append((off, nbytes, buf.data_ptr()))
+        return req, target, self._rows(buf, st, rows, offs, lens)
+
+    @staticmethod
+    def _rows(buf: torch.Tensor, st: Any, rows: int, offs: tuple, lens: tuple) -> torch.Tensor:
+        """The read item's part of ``rows`` whole rows of the stored tensor held in ``buf``."""
+        shape = st.shape
         view = buf.view(st.dtype).view((rows, *shape[1:]) if shape else ())
         for d in range(1, len(shape)):
             view = view.narrow(d, offs[d], lens[d])
-        return req, target, view
+        return view
 
 
 def _staging(nbytes: int, file_offset: int, pinned: bool) -> torch.Tensor:

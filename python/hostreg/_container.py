@@ -20,6 +20,7 @@ the end record; sizes or offsets of 0xFFFFFFFF or more live in ZIP64 extra field
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import pickle
 import struct
@@ -144,51 +145,59 @@ _BEFORE, _AFTER, STORAGE_ALIGNMENT = _torch_records()
 @dataclass
 class Container:
     """One tensor's container laid out at a file offset: ``head`` (bytes before the data),
-    the data record's place, and ``tail`` (after it), with where its CRC-32 goes in ``tail``."""
+    the data record's place, and ``tail`` (after it), with where the data's CRC-32 goes in
+    ``tail`` (zeros there until the writer fills it in)."""
 
     head: bytes
     data_offset: int  # file offset of the first data byte
     data_len: int
-    tail: bytearray
+    tail: bytes
     crc_at: tuple[int, int]  # offsets in tail of the data's CRC-32 (descriptor, central header)
     length: int  # bytes of the whole container
-
-    def set_crc(self, crc: int) -> None:
-        for at in self.crc_at:
-            struct.pack_into("<I", self.tail, at, crc)
 
 
 def _name(n: str) -> bytes:
     return f"{ROOT}/{n}".encode()
 
 
-def layout(pkl: bytes, data_len: int, start: int, data_at: Any, serialization_id: bytes) -> Container:
-    """The container of one tensor whose pickle is ``pkl`` and whose data is ``data_len`` bytes,
-    starting at file offset ``start``; ``data_at(first_possible)`` gives the file offset for the
-    data (>= its argument, ``first_possible`` + 0 or + 4 or more, as the padding field needs)."""
+_DATA_NAME = _name("data/0")
+
+
+def _local(name: bytes, payload: bytes, crc: int) -> bytes:
+    """A whole stored record: local header, name, payload, data descriptor."""
+    return (
+        _LOCAL.pack(0x04034B50, 0, _FLAGS, 0, 0, 0, 0, 0, 0, len(name), 0)
+        + name
+        + payload
+        + _DESC.pack(0x08074B50, crc, len(payload), len(payload))
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _records_before_data(pkl: bytes) -> tuple[bytes, tuple[tuple[bytes, int, int, int], ...]]:
+    """The records before the data record (data.pkl, then torch's small ones) and their
+    central directory entries (name, offset, crc, size); the same for every tensor of one
+    signature."""
     head = bytearray()
-    central = []  # (name, offset, crc, size)
+    central = []
+    for name, payload in [("data.pkl", pkl), *_BEFORE]:
+        n, crc = _name(name), zlib.crc32(payload)
+        central.append((n, len(head), crc, len(payload)))
+        head.extend(_local(n, payload, crc))
+    return bytes(head), tuple(central)
 
-    def record(name: str, payload: bytes) -> None:
-        n = _name(name)
-        central.append((n, len(head), zlib.crc32(payload), len(payload)))
-        head.extend(_LOCAL.pack(0x04034B50, 0, _FLAGS, 0, 0, 0, 0, 0, 0, len(n), 0))
-        head.extend(n)
-        head.extend(payload)
-        head.extend(_DESC.pack(0x08074B50, central[-1][2], len(payload), len(payload)))
 
-    record("data.pkl", pkl)
-    for name, payload in _BEFORE:
-        record(name, payload)
-    n = _name("data/0")
+@functools.lru_cache(maxsize=4096)
+def _container(pkl: bytes, data_len: int, pad: int, serialization_id: bytes) -> tuple[bytes, bytes, tuple[int, int]]:
+    """(head, tail, CRC offsets in tail) of a container whose data record's local header has
+    ``pad`` bytes of extra field; its offsets are relative to the container's start, so the
+    same bytes serve every tensor of this signature and padding, wherever it lies."""
+    before, central_before = _records_before_data(pkl)
+    head = bytearray(before)
+    central = list(central_before)  # (name, offset, crc, size)
     lh = len(head)
-    first = start + lh + _LOCAL.size + len(n)
-    at = data_at(first)
-    pad = at - first
-    if 0 < pad < 4:
-        raise AssertionError("padding of 1-3 bytes cannot hold the extra field")
-    head.extend(_LOCAL.pack(0x04034B50, 0, _FLAGS, 0, 0, 0, 0, 0, 0, len(n), pad))
-    head.extend(n)
+    head.extend(_LOCAL.pack(0x04034B50, 0, _FLAGS, 0, 0, 0, 0, 0, 0, len(_DATA_NAME), pad))
+    head.extend(_DATA_NAME)
     if pad:
         head.extend(struct.pack("<HH", _PAD_ID, pad - 4))
         head.extend(b"Z" * (pad - 4))
@@ -197,7 +206,7 @@ def layout(pkl: bytes, data_len: int, start: int, data_at: Any, serialization_id
     crc_desc = len(tail) + 4
     tail.extend((_DESC64.pack(0x08074B50, 0, data_len, data_len) if big else _DESC.pack(0x08074B50, 0, data_len, data_len)))
     data_central = len(central)
-    central.append((n, lh, 0, data_len))
+    central.append((_DATA_NAME, lh, 0, data_len))
     rel = len(head) + data_len + len(tail)  # offsets below are relative to the container
     for name, payload in _AFTER:
         if name == ".data/serialization_id":
@@ -205,12 +214,7 @@ def layout(pkl: bytes, data_len: int, start: int, data_at: Any, serialization_id
         nm = _name(name)
         crc = zlib.crc32(payload)
         central.append((nm, rel, crc, len(payload)))
-        piece = (
-            _LOCAL.pack(0x04034B50, 0, _FLAGS, 0, 0, 0, 0, 0, 0, len(nm), 0)
-            + nm
-            + payload
-            + _DESC.pack(0x08074B50, crc, len(payload), len(payload))
-        )
+        piece = _local(nm, payload, crc)
         tail.extend(piece)
         rel += len(piece)
     cd_start, crc_central = rel, 0
@@ -238,7 +242,21 @@ def layout(pkl: bytes, data_len: int, start: int, data_at: Any, serialization_id
     tail.extend(_END64.pack(0x06064B50, 44, 0x031E, 45, 0, 0, count, count, cd_size, cd_start))
     tail.extend(_LOCATOR.pack(0x07064B50, 0, end64, 1))
     tail.extend(_END.pack(0x06054B50, 0, 0, count, count, min(cd_size, _BIG), min(cd_start, _BIG), 0))
-    return Container(bytes(head), at, data_len, tail, (crc_desc, crc_central), len(head) + data_len + len(tail))
+    return bytes(head), bytes(tail), (crc_desc, crc_central)
+
+
+def layout(pkl: bytes, data_len: int, start: int, data_at: Any, serialization_id: bytes) -> Container:
+    """The container of one tensor whose pickle is ``pkl`` and whose data is ``data_len`` bytes,
+    starting at file offset ``start``; ``data_at(first_possible)`` gives the file offset for the
+    data (>= its argument, ``first_possible`` + 0 or + 4 or more, as the padding field needs).
+    Raises ValueError for a ``data_at`` that answers 1-3 bytes on (no extra field is that short)."""
+    first = start + len(_records_before_data(pkl)[0]) + _LOCAL.size + len(_DATA_NAME)
+    at = data_at(first)
+    pad = at - first
+    if pad < 0 or 0 < pad < 4 or pad > 0xFFFF:
+        raise ValueError(f"the data cannot start {pad} bytes after the local header's end (0 or 4-65,535)")
+    head, tail, crc_at = _container(pkl, data_len, pad, serialization_id)
+    return Container(head, at, data_len, tail, crc_at, len(head) + data_len + len(tail))
 
 
 # ---- Reading ---------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 #include "io/file_io.hpp"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -25,13 +27,14 @@ namespace {
 
 constexpr uint64_t kBlock = HOSTREG_IO_BLOCK;
 constexpr uint64_t kMinDirect = HOSTREG_IO_MIN_DIRECT;
-constexpr uint64_t kDirectMax = uint64_t{16} << 20;  // one direct request at most
-constexpr uint64_t kBounce = uint64_t{1} << 20;      // one bounce buffer
+constexpr uint64_t kRequestMax = uint64_t{16} << 20;  // one request at most
+constexpr uint64_t kBounce = uint64_t{1} << 20;       // one bounce buffer: a request's bounced bytes
+constexpr size_t kMaxIov = IOV_MAX;                   // runs of one request (1,024 on Linux)
+constexpr uint64_t kReadThrough = uint64_t{64} << 10;  // a gap read rather than a request ended
 constexpr uint64_t kCrcPiece = uint64_t{4} << 20;    // checksummed by one task
 constexpr unsigned kDefaultThreads = 4;
 
 uint64_t down(uint64_t x) { return x / kBlock * kBlock; }
-uint64_t up(uint64_t x) { return (x + kBlock - 1) / kBlock * kBlock; }
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kBlock == 0; }
 
 // Page-aligned bounce buffers, kept for the next transfer (at most kKeep of them).
@@ -99,38 +102,166 @@ bool drop_direct(int fd, std::atomic<int>* direct) {
     return true;
 }
 
-// pwrite (write) or pread of len bytes at off, resuming after EINTR and short transfers, and
-// retrying once buffered when O_DIRECT is refused with EINVAL. *got: bytes moved (a read
-// moves fewer only at the end of the file; a write always all, or fails).
-Status transfer(bool write, int fd, char* p, uint64_t len, uint64_t off, std::atomic<int>* direct, uint64_t* got) {
-    const char* call = write ? "pwrite" : "pread";
+// One request: file bytes [off, off + len) as runs in file order, each straight from or into
+// its memory (a congruent segment's aligned middle) or through the request's bounce buffer,
+// moved by one pwritev / preadv.
+struct Run {
+    uint64_t off, len;
+    char* mem;  // nullptr: through the bounce buffer
+};
+struct Request {
+    uint64_t off = 0, len = 0, bounced = 0;  // bounced: bytes of runs through the buffer
+    std::vector<Run> runs;
+
+    // Bytes a run of this kind may still add (a multiple of the block; 0: start another).
+    uint64_t room(bool direct_run) const {
+        if (runs.size() >= kMaxIov) return 0;
+        uint64_t r = kRequestMax - len;
+        if (!direct_run) r = std::min(r, kBounce - bounced);
+        return down(r);
+    }
+    void add(uint64_t at, uint64_t n, char* mem) {
+        if (runs.empty()) off = at;
+        if (!mem) bounced += n;
+        if (!runs.empty() && !mem && !runs.back().mem) {
+            runs.back().len += n;  // one bounce run
+        } else if (!runs.empty() && mem && runs.back().mem && runs.back().mem + runs.back().len == mem) {
+            runs.back().len += n;  // one memory range
+        } else {
+            runs.push_back(Run{at, n, mem});
+        }
+        len += n;
+    }
+};
+
+// Moves request r between fd and memory (pwritev when write, else preadv), the bounce runs
+// from or into buf, resuming after EINTR and short transfers and retrying once buffered when
+// O_DIRECT is refused with EINVAL. *got: bytes moved (a read moves fewer only at the end of
+// the file; a write always all, or fails).
+Status transfer(bool write, int fd, const Request& r, char* buf, std::atomic<int>* direct, uint64_t* got) {
+    const char* call = write ? "pwritev" : "preadv";
+    iovec iov[kMaxIov];
+    size_t n = 0;
+    uint64_t boff = 0;
+    for (const Run& run : r.runs) {
+        iov[n].iov_base = run.mem ? run.mem : buf + boff;
+        iov[n++].iov_len = run.len;
+        if (!run.mem) boff += run.len;
+    }
     bool retried = false;
     *got = 0;
-    while (len > 0) {
-        const ssize_t n = write ? pwrite(fd, p, len, static_cast<off_t>(off)) : pread(fd, p, len, static_cast<off_t>(off));
-        if (n < 0) {
+    size_t first = 0;
+    while (first < n) {
+        const off_t at = static_cast<off_t>(r.off + *got);
+        const int cnt = static_cast<int>(n - first);
+        const ssize_t k = write ? pwritev(fd, iov + first, cnt, at) : preadv(fd, iov + first, cnt, at);
+        if (k < 0) {
             if (errno == EINTR) continue;
             if (errno == EINVAL && !retried && drop_direct(fd, direct)) {
                 retried = true;
                 continue;
             }
-            return os_error(call, len, off, errno);
+            return os_error(call, r.len - *got, r.off + *got, errno);
         }
-        if (n == 0) {
-            if (write) return os_error(call, len, off, EIO);
+        if (k == 0) {
+            if (write) return os_error(call, r.len - *got, r.off + *got, EIO);
             break;  // end of file
         }
-        p += n;
-        off += static_cast<uint64_t>(n);
-        len -= static_cast<uint64_t>(n);
-        *got += static_cast<uint64_t>(n);
+        *got += static_cast<uint64_t>(k);
+        for (uint64_t left = static_cast<uint64_t>(k); left > 0;) {  // skip what moved
+            const uint64_t take = std::min<uint64_t>(left, iov[first].iov_len);
+            iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + take;
+            iov[first].iov_len -= take;
+            left -= take;
+            if (iov[first].iov_len == 0) ++first;
+        }
     }
     return Status::ok();
 }
 
-Status write_all(int fd, const char* p, uint64_t len, uint64_t off, std::atomic<int>* direct) {
-    uint64_t got;  // pwrite never writes through p
-    return transfer(true, fd, const_cast<char*>(p), len, off, direct, &got);
+// Index of the first segment at or after `from` that ends after file byte `pos`.
+size_t seek(const hostregFileSegment* seg, size_t n, size_t from, uint64_t pos) {
+    size_t hi = n;  // ends never decrease (segments are in file order, not overlapping): bisect
+    while (from < hi) {
+        const size_t mid = from + (hi - from) / 2;
+        if (seg[mid].file_offset + seg[mid].length <= pos)
+            from = mid + 1;
+        else
+            hi = mid;
+    }
+    return from;
+}
+
+// Cuts the blocks that segments[0..n) touch into requests. A run from block-aligned `pos`
+// goes straight from segment i's memory when may_direct(i), its memory there is aligned
+// (congruent) and its aligned middle has at least kMinDirect bytes; every other block is
+// bounced. Blocks that no
+// segment touches (gaps of a read) are read through into the bounce buffer when there are at
+// most kReadThrough bytes of them (the headers between a checkpoint's tensors), else they
+// end a request.
+template <class MayDirect>
+std::vector<Request> cut(const hostregFileSegment* seg, size_t n, MayDirect may_direct) {
+    auto direct_at = [&](size_t i, uint64_t pos) {
+        if (i >= n || !may_direct(i)) return false;
+        const hostregFileSegment& s = seg[i];
+        const uint64_t a = down(s.file_offset + kBlock - 1), b = down(s.file_offset + s.length);  // aligned middle
+        return pos >= a && pos < b && b - a >= kMinDirect &&
+               aligned(static_cast<const char*>(s.memory) + (pos - s.file_offset));
+    };
+    auto touched = [&](size_t i, uint64_t pos) { return i < n && seg[i].file_offset < pos + kBlock; };
+    std::vector<Request> out;
+    Request cur;
+    auto flush = [&] {
+        if (cur.len) out.push_back(std::move(cur));
+        cur = Request();
+    };
+    size_t c = 0;
+    for (uint64_t pos = 0;;) {
+        c = seek(seg, n, c, pos);
+        while (c < n && seg[c].length == 0) ++c;
+        if (c >= n) break;
+        if (!touched(c, pos)) {  // a gap: read through a short one, else a new request
+            const uint64_t next = down(seg[c].file_offset);
+            if (cur.len && next - pos <= kReadThrough && cur.room(false) >= next - pos) {
+                cur.add(pos, next - pos, nullptr);
+            } else {
+                flush();
+            }
+            pos = next;
+            continue;
+        }
+        const bool d = direct_at(c, pos);
+        const uint64_t room = cur.room(d);
+        if (room < kBlock) {
+            flush();
+            continue;
+        }
+        if (d) {
+            const uint64_t len = std::min(room, down(seg[c].file_offset + seg[c].length) - pos);
+            cur.add(pos, len, static_cast<char*>(seg[c].memory) + (pos - seg[c].file_offset));
+            pos += len;
+            continue;
+        }
+        uint64_t q = pos + kBlock;  // bounce blocks up to the next direct one, gap or full buffer
+        for (size_t k = c; q - pos < room; q += kBlock) {
+            k = seek(seg, n, k, q);
+            while (k < n && seg[k].length == 0) ++k;
+            if (!touched(k, q) || direct_at(k, q)) break;
+        }
+        cur.add(pos, q - pos, nullptr);
+        pos = q;
+    }
+    flush();
+    return out;
+}
+
+// Calls f(segment, file offset, bytes) for every part of a segment inside [off, off + len).
+template <class F>
+void overlaps(const hostregFileSegment* seg, size_t n, uint64_t off, uint64_t len, F f) {
+    for (size_t c = seek(seg, n, 0, off); c < n && seg[c].file_offset < off + len; ++c) {
+        const uint64_t a = std::max(off, seg[c].file_offset), b = std::min(off + len, seg[c].file_offset + seg[c].length);
+        if (b > a) f(c, a, b - a);
+    }
 }
 
 Status truncated(uint64_t need, uint64_t have) {
@@ -188,12 +319,6 @@ unsigned thread_count(unsigned threads) { return threads == 0 ? kDefaultThreads 
 
 // ---- Writes -------------------------------------------------------------------------------
 
-struct WriteRequest {
-    uint64_t off, len;
-    const char* direct;          // source memory of a direct request; nullptr: bounce
-    std::atomic<int> waiting{0};  // checksums still missing
-};
-
 struct CrcJob {  // one segment to checksum, in pieces
     size_t segment;
     std::vector<uint32_t> piece_crc;
@@ -219,26 +344,40 @@ class Writer {
             end += seg_[i].length;
         }
         total_ = end;
-        target_of_.assign(n_, {});
-        job_of_.assign(n_, SIZE_MAX);
+        std::vector<std::vector<size_t>> target_of(n_);  // per segment: jobs whose checksum it holds
+        std::vector<size_t> job_of(n_, SIZE_MAX);       // per segment: its checksum job
         for (size_t k = 0; k < np_; ++k) {
             const hostregCrcPatch& p = patch_[k];
             if (p.crc_of >= n_ || p.into >= n_ || p.offset + 4 > seg_[p.into].length)
                 return Status::error(hostregErrorInvalidValue, "patch " + std::to_string(k) + " lies outside its segments");
-            if (job_of_[p.crc_of] == SIZE_MAX) {
-                job_of_[p.crc_of] = jobs_.size();
+            if (job_of[p.crc_of] == SIZE_MAX) {
+                job_of[p.crc_of] = jobs_.size();
                 jobs_.emplace_back(new CrcJob());
                 jobs_.back()->segment = p.crc_of;
             }
-            jobs_[job_of_[p.crc_of]]->patches.push_back(k);
-            target_of_[p.into].push_back(job_of_[p.crc_of]);
+            jobs_[job_of[p.crc_of]]->patches.push_back(k);
+            target_of[p.into].push_back(job_of[p.crc_of]);
         }
-        cut_requests();
+        // A segment that receives a checksum is always bounced: its bytes are final only then.
+        reqs_ = cut(seg_, n_, [&](size_t i) { return target_of[i].empty(); });
+        waiting_ = std::vector<std::atomic<int>>(reqs_.size());
+        std::vector<size_t> needs;
+        for (size_t r = 0; r < reqs_.size(); ++r) {
+            needs.clear();
+            for (const Run& run : reqs_[r].runs) {
+                if (run.mem) continue;
+                overlaps(seg_, n_, run.off, run.len, [&](size_t c, uint64_t, uint64_t) {
+                    for (size_t j : target_of[c])
+                        if (std::find(needs.begin(), needs.end(), j) == needs.end()) needs.push_back(j);
+                });
+            }
+            waiting_[r] = static_cast<int>(needs.size());
+            for (size_t j : needs) jobs_[j]->dependents.push_back(r);
+        }
         return Status::ok();
     }
 
     Status run(unsigned threads, std::atomic<int>* direct, hostregFileStats* st) {
-        direct_ = direct;
         // Tasks: 0..R-1 the write requests, then the checksum pieces.
         std::vector<std::pair<size_t, uint64_t>> pieces;  // (job, piece index)
         for (size_t j = 0; j < jobs_.size(); ++j) {
@@ -257,7 +396,7 @@ class Writer {
             ready.emplace_back(seg_[jobs_[pieces[i].first]->segment].file_offset + pieces[i].second * kCrcPiece,
                                reqs_.size() + i);
         for (size_t r = 0; r < reqs_.size(); ++r)
-            if (reqs_[r]->waiting.load() == 0) ready.emplace_back(reqs_[r]->off, r);
+            if (waiting_[r].load() == 0) ready.emplace_back(reqs_[r].off, r);
         std::stable_sort(ready.begin(), ready.end(),
                          [](const auto& a, const auto& b) { return a.first < b.first; });
         for (const auto& [off, task] : ready) q.push(task);
@@ -274,17 +413,17 @@ class Writer {
                     if (job.left.fetch_sub(1) == 1) finish_job(j, &q);
                     return Status::ok();
                 }
-                WriteRequest& r = *reqs_[t];
-                if (r.direct) {
-                    direct_bytes += r.len;
-                    return write_all(fd_, r.direct, r.len, r.off, direct_);
-                }
+                const Request& r = reqs_[t];
                 char* buf = nullptr;
-                Status s = bounce.get(&buf);
-                if (!s.is_ok()) return s;
-                gather(r.off, r.len, buf);
-                bounced += r.len;
-                return write_all(fd_, buf, r.len, r.off, direct_);
+                if (r.bounced) {
+                    Status s = bounce.get(&buf);
+                    if (!s.is_ok()) return s;
+                    gather(r, buf);
+                }
+                direct_bytes += r.len - r.bounced;
+                bounced += r.bounced;
+                uint64_t got;
+                return transfer(true, fd_, r, buf, direct, &got);
             });
         });
         if (st) {
@@ -298,57 +437,6 @@ class Writer {
     uint64_t total() const { return total_; }
 
   private:
-    // Segment index holding file byte `pos` (>= the cursor's), skipping empty segments.
-    size_t seek(size_t from, uint64_t pos) const {
-        size_t hi = n_;  // ends never decrease (the segments tile the file): bisect
-        while (from < hi) {
-            const size_t mid = from + (hi - from) / 2;
-            if (seg_[mid].file_offset + seg_[mid].length <= pos)
-                from = mid + 1;
-            else
-                hi = mid;
-        }
-        return from;
-    }
-    // Can a direct request start at block-aligned `pos` in segment i?
-    bool direct_at(size_t i, uint64_t pos) const {
-        if (i >= n_ || !target_of_[i].empty()) return false;
-        const hostregFileSegment& s = seg_[i];
-        return aligned(static_cast<const char*>(s.memory) + (pos - s.file_offset)) &&
-               s.file_offset + s.length - pos >= kMinDirect;
-    }
-
-    void cut_requests() {
-        size_t cur = 0;
-        for (uint64_t pos = 0; pos < total_;) {
-            cur = seek(cur, pos);
-            auto r = std::make_unique<WriteRequest>();
-            r->off = pos;
-            if (direct_at(cur, pos)) {
-                const hostregFileSegment& s = seg_[cur];
-                r->len = std::min(kDirectMax, down(s.file_offset + s.length - pos));
-                r->direct = static_cast<const char*>(s.memory) + (pos - s.file_offset);
-            } else {
-                uint64_t q = pos + kBlock;
-                for (size_t c = cur; q < total_ && q - pos < kBounce; q += kBlock) {
-                    c = seek(c, q);
-                    if (direct_at(c, q)) break;
-                }
-                r->len = std::min(q, up(total_)) - pos;
-                r->direct = nullptr;
-                // Checksums this request's bytes hold.
-                std::vector<size_t> needs;
-                for (size_t c = cur; c < n_ && seg_[c].file_offset < pos + r->len; ++c)
-                    for (size_t j : target_of_[c])
-                        if (std::find(needs.begin(), needs.end(), j) == needs.end()) needs.push_back(j);
-                r->waiting = static_cast<int>(needs.size());
-                for (size_t j : needs) jobs_[j]->dependents.push_back(reqs_.size());
-            }
-            pos += r->len;
-            reqs_.push_back(std::move(r));
-        }
-    }
-
     // The job's last piece is done: combine, patch the checksum in, release its dependents.
     void finish_job(size_t j, TaskQueue* q) {
         CrcJob& job = *jobs_[j];
@@ -361,22 +449,24 @@ class Writer {
             for (int b = 0; b < 4; ++b) at[b] = static_cast<unsigned char>((crc >> (8 * b)) & 0xff);
         }
         for (size_t r : job.dependents)
-            if (reqs_[r]->waiting.fetch_sub(1) == 1 && q) q->push(r);
+            if (waiting_[r].fetch_sub(1) == 1 && q) q->push(r);
     }
 
-    // Copies file bytes [off, off + len) into buf (zeros past the end of the file).
-    void gather(uint64_t off, uint64_t len, char* buf) const {
-        size_t c = seek(0, off);
-        uint64_t pos = off;
-        const uint64_t end = off + len;
-        for (; pos < end && c < n_; ++c) {
-            const hostregFileSegment& s = seg_[c];
-            const uint64_t a = std::max(pos, s.file_offset), b = std::min(end, s.file_offset + s.length);
-            if (b <= a) continue;
-            std::memcpy(buf + (a - off), static_cast<const char*>(s.memory) + (a - s.file_offset), b - a);
-            pos = b;
+    // Copies the file bytes of r's bounce runs into buf, one after another (zeros past the
+    // end of the file: the last block's padding).
+    void gather(const Request& r, char* buf) const {
+        uint64_t boff = 0;
+        for (const Run& run : r.runs) {
+            if (run.mem) continue;
+            char* to = buf + boff;
+            uint64_t filled = run.off;
+            overlaps(seg_, n_, run.off, run.len, [&](size_t c, uint64_t at, uint64_t len) {
+                std::memcpy(to + (at - run.off), static_cast<const char*>(seg_[c].memory) + (at - seg_[c].file_offset), len);
+                filled = at + len;
+            });
+            if (filled < run.off + run.len) std::memset(to + (filled - run.off), 0, run.off + run.len - filled);
+            boff += run.len;
         }
-        if (pos < end) std::memset(buf + (pos - off), 0, end - pos);
     }
 
     int fd_;
@@ -385,11 +475,9 @@ class Writer {
     const hostregCrcPatch* patch_;
     size_t np_;
     uint64_t total_ = 0;
-    std::vector<std::vector<size_t>> target_of_;  // per segment: jobs whose checksum it holds
-    std::vector<size_t> job_of_;                  // per segment: its checksum job, or SIZE_MAX
     std::vector<std::unique_ptr<CrcJob>> jobs_;
-    std::vector<std::unique_ptr<WriteRequest>> reqs_;
-    std::atomic<int>* direct_ = nullptr;
+    std::vector<Request> reqs_;
+    std::vector<std::atomic<int>> waiting_;  // per request: checksums it still waits for
 };
 
 bool has_direct(int fd) {
@@ -417,54 +505,6 @@ Status file_write(int fd, const hostregFileSegment* segments, size_t count, cons
 
 // ---- Reads --------------------------------------------------------------------------------
 
-namespace {
-
-struct Piece {  // file bytes [off, off + len) go to mem
-    uint64_t off, len;
-    char* mem;
-};
-struct ReadRequest {
-    uint64_t off, len;  // block-aligned
-    char* direct;       // destination of a direct request; nullptr: bounce, then pieces
-    std::vector<Piece> pieces;
-};
-
-void plan_reads(const hostregFileSegment* seg, size_t n, std::vector<ReadRequest>* out) {
-    size_t open = SIZE_MAX;  // the bounce request pieces are still added to
-    auto bounce = [&](uint64_t off, uint64_t len, char* mem) {
-        while (len > 0) {
-            const uint64_t a = down(off);
-            if (open == SIZE_MAX || a > (*out)[open].off + (*out)[open].len || a >= (*out)[open].off + kBounce) {
-                out->push_back(ReadRequest{a, 0, nullptr, {}});
-                open = out->size() - 1;
-            }
-            ReadRequest& r = (*out)[open];
-            const uint64_t take = std::min(len, r.off + kBounce - off);  // as much as fits in its buffer
-            r.pieces.push_back(Piece{off, take, mem});
-            r.len = std::max(r.len, up(off + take) - r.off);
-            off += take, len -= take, mem += take;
-        }
-    };
-    for (size_t i = 0; i < n; ++i) {
-        const uint64_t f = seg[i].file_offset, len = seg[i].length;
-        char* m = static_cast<char*>(seg[i].memory);
-        if (len == 0) continue;
-        const bool congruent = (reinterpret_cast<uintptr_t>(m) - f) % kBlock == 0;
-        const uint64_t a = up(f), b = down(f + len);
-        if (!congruent || b <= a || b - a < kMinDirect) {
-            bounce(f, len, m);
-            continue;
-        }
-        if (a > f) bounce(f, a - f, m);
-        open = SIZE_MAX;
-        for (uint64_t p = a; p < b; p += kDirectMax)
-            out->push_back(ReadRequest{p, std::min(kDirectMax, b - p), m + (p - f), {}});
-        if (f + len > b) bounce(b, f + len - b, m + (b - f));
-    }
-}
-
-}  // namespace
-
 Status file_read(int fd, const hostregFileSegment* segments, size_t count, unsigned threads,
                  hostregFileStats* stats) {
     if (fd < 0 || (count > 0 && segments == nullptr))
@@ -476,8 +516,7 @@ Status file_read(int fd, const hostregFileSegment* segments, size_t count, unsig
             return Status::error(hostregErrorInvalidValue,
                                  "segment " + std::to_string(i) + " overlaps or precedes the one before it");
     }
-    std::vector<ReadRequest> reqs;
-    plan_reads(segments, count, &reqs);
+    const std::vector<Request> reqs = cut(segments, count, [](size_t) { return true; });
     std::atomic<int> direct{has_direct(fd) ? 1 : 0};
     std::atomic<uint64_t> direct_bytes{0}, bounced{0};
     TaskQueue q(reqs.size());
@@ -485,22 +524,35 @@ Status file_read(int fd, const hostregFileSegment* segments, size_t count, unsig
     run_parts(std::max(1u, thread_count(threads)), [&](size_t) {
         Bounce bounce;
         q.work([&](size_t t) -> Status {
-            const ReadRequest& r = reqs[t];
-            uint64_t got = 0;
-            if (r.direct) {
-                Status s = transfer(false, fd, r.direct, r.len, r.off, &direct, &got);
-                if (s.is_ok() && got < r.len) s = truncated(r.off + r.len, r.off + got);
-                direct_bytes += got;
-                return s;
-            }
+            const Request& r = reqs[t];
             char* buf = nullptr;
-            Status s = bounce.get(&buf);
-            if (s.is_ok()) s = transfer(false, fd, buf, r.len, r.off, &direct, &got);
+            if (r.bounced) {
+                Status s = bounce.get(&buf);
+                if (!s.is_ok()) return s;
+            }
+            uint64_t got = 0;
+            Status s = transfer(false, fd, r, buf, &direct, &got);
             if (!s.is_ok()) return s;
-            bounced += got;
-            for (const Piece& p : r.pieces) {
-                if (p.off + p.len > r.off + got) return truncated(p.off + p.len, r.off + got);
-                std::memcpy(p.mem, buf + (p.off - r.off), p.len);
+            const uint64_t end = r.off + got;
+            direct_bytes += r.len - r.bounced;
+            bounced += r.bounced;
+            // Every segment byte of the request must have been read; then the bounced ones
+            // go where they belong. (Blocks past the last segment byte may lie past the end.)
+            uint64_t boff = 0;
+            for (const Run& run : r.runs) {
+                if (run.mem && run.off + run.len > end) return truncated(run.off + run.len, end);
+                if (run.mem) continue;
+                Status bad = Status::ok();
+                overlaps(segments, count, run.off, run.len, [&](size_t c, uint64_t at, uint64_t len) {
+                    if (at + len > end) {
+                        if (bad.is_ok()) bad = truncated(at + len, end);
+                        return;
+                    }
+                    std::memcpy(static_cast<char*>(segments[c].memory) + (at - segments[c].file_offset),
+                                buf + boff + (at - run.off), len);
+                });
+                if (!bad.is_ok()) return bad;
+                boff += run.len;
             }
             return Status::ok();
         });

@@ -1,10 +1,11 @@
 // file_io.hpp: files written and read at the disk's own speed (include/hostreg/io.h).
 //
-// A transfer is planned as requests over the file's blocks, then run by a few threads:
-// direct requests move a congruent segment's aligned middle straight between its memory and
-// the disk; bounce requests gather (or scatter) everything else through page-aligned
-// buffers. For writes, CRC-32 checksums of chosen segments are computed by the same threads
-// meanwhile, and a request whose bytes hold a checksum waits for it (its only dependency).
+// A transfer is planned as requests over the file's blocks, then run by a few threads. Each
+// request is up to 16 MiB of consecutive file bytes moved by one pwritev / preadv: the
+// aligned middles of congruent segments straight from or into their memory, everything else
+// gathered into (or scattered from) the request's page-aligned bounce buffer. For writes,
+// CRC-32 checksums of chosen segments are computed by the same threads meanwhile, and a
+// request whose bytes hold a checksum waits for it (its only dependency).
 #pragma once
 
 #include <cstddef>
