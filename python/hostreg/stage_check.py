@@ -10,6 +10,7 @@ kernel's locked-memory count (``VmLck``) rose by at least the staged bytes.
 from __future__ import annotations
 
 import gc
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,33 @@ from . import _core, _proc
 from ._errors import StagingError
 from . import _tree
 from . import torch as hostreg_torch
+
+
+class SaveError(StagingError):
+    """The staged state dict could not be saved as a checkpoint, loaded back, or verified;
+    the message names the directory and the cause (``ENOSPC``, ``EACCES``, a differing
+    value)."""
+
+
+@dataclass
+class SaveReport:
+    """A staged state dict saved as a DCP checkpoint and loaded back (``hostreg stage --save``)."""
+
+    directory: str  #: where the checkpoint is (left there: stock DCP reads it too)
+    tensor_bytes: int  #: bytes of the tensors saved
+    file_bytes: int  #: bytes of the checkpoint's files
+    save_s: float  #: seconds of dcp.save through hostreg.torch.FileSystemWriter (durable: fdatasync)
+    load_s: float  #: seconds of dcp.load through hostreg.torch.FileSystemReader
+    direct: bool  #: the files were written and read with O_DIRECT (else through the page cache)
+    ceiling: Any  #: hostreg._ceiling.Ceiling of the same directory and bytes
+
+    @property
+    def save_bps(self) -> float:
+        return self.tensor_bytes / self.save_s if self.save_s > 0 else float("inf")
+
+    @property
+    def load_bps(self) -> float:
+        return self.tensor_bytes / self.load_s if self.load_s > 0 else float("inf")
 
 
 @dataclass
@@ -35,6 +63,7 @@ class StageReport:
     create_s: float  #: seconds to create the staged copy (allocate, populate, register)
     copy_s: float  #: seconds to copy the values into it
     released: bool  #: every registration was undone after del + gc.collect()
+    saved: SaveReport | None = None  #: the checkpoint round trip, when asked for
 
     @property
     def copy_gib_per_s(self) -> float:
@@ -195,7 +224,99 @@ def _create_and_copy(state_dict: dict[str, Any], engine: str, progress: Progress
     return staged, t1 - t0, time.perf_counter() - t1
 
 
-def stage_state_dict(state_dict: dict[str, Any], engine: str = "hostreg", progress: Progress | None = None) -> StageReport:
+def _why(e: BaseException) -> str:
+    """The first line of what went wrong; for DCP's CheckpointException, its ranks' failures."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        e = getattr(inner, "exc", inner) if not isinstance(inner, BaseException) else inner
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def save_and_load(source: dict[str, Any], staged: dict[str, Any], directory: str | Path, progress: Progress) -> SaveReport:
+    """Saves ``staged`` as a DCP checkpoint in ``directory`` (made if missing; a checkpoint
+    there is replaced) with :class:`hostreg.torch.FileSystemWriter`, loads it back with
+    :class:`hostreg.torch.FileSystemReader` into fresh tensors whose every byte differed from
+    the source before, and compares every byte with ``source``. Measures the filesystem's own
+    ceiling for the same bytes first (``hostreg._ceiling``). Raises :class:`SaveError`."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from . import _ceiling
+
+    d = os.fspath(directory)
+    total = sum(t.numel() * t.element_size() for _, t in iter_tensors(source))
+    try:
+        os.makedirs(d, exist_ok=True)
+        fs = os.statvfs(d)
+    except OSError as e:
+        raise SaveError(f"cannot use {d} for the checkpoint: {_why(e)}") from e
+    free = fs.f_bavail * fs.f_frsize
+    if free < total + (1 << 20):
+        raise SaveError(f"{d} has {free:,} bytes free; the checkpoint needs about {total:,} (its tensors' bytes)")
+    try:
+        progress("ceiling", 0, total)
+        ceiling = _ceiling.measure(d, max(total, 1 << 20))
+        progress("ceiling", total, total)
+    except (OSError, RuntimeError) as e:
+        raise SaveError(f"cannot measure the disk's ceiling in {d}: {_why(e)}") from e
+    writer = hostreg_torch.FileSystemWriter(d)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        progress("save", 0, total)
+        t0 = time.perf_counter()
+        try:
+            dcp.save(staged, storage_writer=writer)
+        except BaseException as e:  # DCP raises CheckpointException, a BaseException
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise SaveError(f"cannot save the checkpoint to {d}: {_why(e)}") from e
+        save_s = time.perf_counter() - t0
+        progress("save", total, total)
+        back = _inverted_copy(source)
+        reader = hostreg_torch.FileSystemReader(d)
+        progress("load", 0, total)
+        t0 = time.perf_counter()
+        try:
+            dcp.load(back, storage_reader=reader)
+        except BaseException as e:
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise SaveError(f"cannot load the checkpoint back from {d}: {_why(e)}") from e
+        load_s = time.perf_counter() - t0
+        progress("load", total, total)
+    src = dict(iter_tensors(source))
+    bad = [k for k, t in iter_tensors(back) if not same_bytes(src[k], t)]
+    if bad:
+        raise SaveError(f"the checkpoint in {d} loaded back with other values: {', '.join(bad[:10])}")
+    files = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if os.path.isfile(os.path.join(d, f)))
+    return SaveReport(d, total, files, save_s, load_s, writer.stats.direct and reader.stats.direct, ceiling)
+
+
+def _inverted(t: torch.Tensor) -> torch.Tensor:
+    """A fresh tensor like ``t`` whose every byte differs from ``t``'s (each one inverted)."""
+    out = t.detach().clone(memory_format=torch.contiguous_format)
+    if out.numel():
+        out.view(-1).view(torch.uint8).bitwise_not_()
+    return out
+
+
+def _inverted_copy(obj: Any) -> Any:
+    """``obj`` with every tensor replaced by :func:`_inverted` of it (other values as they are)."""
+    if isinstance(obj, torch.Tensor):
+        return _inverted(obj)
+    if isinstance(obj, dict):
+        return {k: _inverted_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_inverted_copy(v) for v in obj)
+    return obj
+
+
+def stage_state_dict(
+    state_dict: dict[str, Any], engine: str = "hostreg", progress: Progress | None = None, save_to: str | Path | None = None
+) -> StageReport:
     """Stage ``state_dict`` into shared, page-locked memory, verify it, release it, report.
 
     ``engine="hostreg"``: one arena for the whole state dict (:mod:`hostreg.torch` staging).
@@ -204,7 +325,8 @@ def stage_state_dict(state_dict: dict[str, Any], engine: str = "hostreg", progre
 
     Checks every value (bytes), that every staged tensor is shared and registered, that
     ``VmLck`` rose by at least the staged bytes, and that every registration is gone after
-    release. Raises :class:`StagingError` when staging fails (the message names the cause,
+    release. With ``save_to``, the staged copy is also saved there as a DCP checkpoint and
+    loaded back (:func:`save_and_load`; its report in ``saved``) before it is released. Raises :class:`StagingError` when staging fails (the message names the cause,
     e.g. ``RLIMIT_MEMLOCK`` or ``/dev/shm``) or a check fails; ``ValueError`` for an unknown
     engine.
     """
@@ -226,9 +348,14 @@ def stage_state_dict(state_dict: dict[str, Any], engine: str = "hostreg", progre
     locked = _proc.locked_bytes() - before_locked
     if locked < staged_bytes:
         problems.append(f"VmLck rose by {locked} bytes, less than the {staged_bytes} bytes staged")
+    saved = None
+    try:
+        if save_to is not None and not problems:
+            saved = save_and_load(state_dict, staged, save_to, report)
+    finally:
+        del staged
+        gc.collect()
 
-    del staged
-    gc.collect()
     released = _core.stats().registrations == before_regs
     if not released:
         problems.append("registrations were still live after the staged copy was released")
@@ -245,4 +372,5 @@ def stage_state_dict(state_dict: dict[str, Any], engine: str = "hostreg", progre
         create_s=create_s,
         copy_s=copy_s,
         released=released,
+        saved=saved,
     )

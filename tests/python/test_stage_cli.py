@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +122,68 @@ def test_unusual_tensors_fail_or_verify_without_a_traceback(tmp_path: Path):
     torch.save({"s": torch.eye(3).to_sparse()}, tmp_path / "sparse.pt")
     r = stage("--checkpoint", str(tmp_path / "sparse.pt"))
     assert r.returncode == 1 and "Traceback" not in r.stderr and "strided tensors" in r.stderr
+
+
+# ---- --save DIR: the staged dict as a DCP checkpoint, loaded back ------------------------------
+
+
+def test_save_writes_a_checkpoint_that_stock_dcp_loads(tmp_path: Path):
+    import torch.distributed.checkpoint as dcp
+
+    from hostreg import models
+
+    r = stage("--model", "tiny", "--save", str(tmp_path / "ckpt"))
+    assert r.returncode == 0, r.stderr
+    assert row(r.stdout, "values verified after load") == "yes"
+    assert row(r.stdout, "checkpoint I/O") == "O_DIRECT"  # this disk takes it
+    save_s = float(row(r.stdout, "save s (hostreg FileSystemWriter)"))
+    assert save_s > 0
+    rate, ratio = row(r.stdout, "save GiB/s (x disk ceiling)").split()
+    write_ceiling = float(row(r.stdout, "disk ceiling write / read GiB/s").split(" / ")[0])
+    assert abs(float(ratio.strip("()x")) - float(rate) / write_ceiling) < 0.02  # the ratio is of the two printed
+    assert "fio" in row(r.stdout, "ceiling measured by")  # scripts/setup installs fio
+    # The checkpoint stays, and the stock reader loads it: the same weights models.build makes.
+    want = models.build("tiny").state_dict()
+    got = {k: torch.full_like(v, float("nan")) for k, v in want.items()}
+    dcp.load(got, storage_reader=dcp.FileSystemReader(str(tmp_path / "ckpt")), no_dist=True)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert not [f for f in os.listdir(tmp_path / "ckpt") if f.startswith(".hostreg-ceiling")]  # the probe file is gone
+
+
+def test_save_with_the_torch_engine_and_a_checkpoint_file(tmp_path: Path):
+    sd = {"w": torch.randn(300, 7), "i": torch.arange(5), "b": torch.tensor([True, False]), "step": torch.tensor(3)}
+    torch.save(sd, tmp_path / "sd.pt")
+    r = stage("--checkpoint", str(tmp_path / "sd.pt"), "--engine", "torch", "--save", str(tmp_path / "c"))
+    assert r.returncode == 0, r.stderr
+    assert row(r.stdout, "values verified after load") == "yes"
+
+
+def test_save_where_it_cannot_fails_with_the_reason(tmp_path: Path):
+    (tmp_path / "file").write_text("x")
+    r = stage("--model", "tiny", "--save", str(tmp_path / "file" / "ckpt"))
+    assert r.returncode == 1 and "save failed" in r.stderr and "Traceback" not in r.stderr
+    assert f"cannot use {tmp_path / 'file' / 'ckpt'}" in r.stderr and "Not a directory" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m for a small tmpfs")
+def test_save_to_a_full_filesystem_fails_before_writing():
+    # A 4 MiB tmpfs in a mount namespace of its own, for GPT-2 small (475 MiB).
+    script = f"mount -t tmpfs -o size=4m none /mnt && exec {HOSTREG} stage --save /mnt/ckpt"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=600,
+                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 1 and "save failed" in r.stderr, r.stderr
+    assert "bytes free; the checkpoint needs about 497,759,232" in r.stderr
+
+
+@pytest.mark.parametrize("with_fio", [True, False], ids=["fio", "own-probe"])
+def test_disk_ceiling_measures_and_leaves_nothing(tmp_path: Path, monkeypatch, with_fio: bool):
+    from hostreg import _ceiling
+
+    if not with_fio:
+        monkeypatch.setattr(_ceiling.shutil, "which", lambda name: None)
+    c = _ceiling.measure(tmp_path, 64 << 20)
+    assert c.direct and c.write > 1e6 and c.read > 1e6  # at least 1 MB/s: it really moved the bytes
+    assert c.tool.startswith("fio ") == with_fio and ("no fio on PATH" in c.tool) == (not with_fio)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError):
+        _ceiling.measure(tmp_path, 0)
