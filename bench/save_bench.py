@@ -4,11 +4,13 @@ and against the filesystem's O_DIRECT ceiling, end to end through ``dcp.async_sa
 
 Run (after scripts/setup):  .venv/bin/python bench/save_bench.py [--quick] [--reps N] [--dir D]
 
-State dicts (one process, no process group; dcp_bench's builders, filled with random fp32):
-  8 tensors       2 GiB in 8 fp32 tensors (under one "model" key)
-  8192 tensors    2 GiB in 8,192 fp32 tensors
-(--quick: 256 MiB each; --size-mib overrides). dcp_bench's FSDP2 GPT-2-medium + AdamW case
-(2 gloo ranks) is not run here: it measures staging, this measures the storage layer.
+State dicts (dcp_bench's builders, filled with random values):
+  fsdp            2 ranks over gloo, a GPT-2-medium-shaped model (355 M parameters) sharded by
+                  FSDP2 with its AdamW state (4.3 GB in all; GPT-2 small with --quick); each
+                  rank saves and loads its shards, times are the slowest rank's
+  8 tensors       one process, 2 GiB in 8 fp32 tensors (under one "model" key)
+  8192 tensors    one process, 2 GiB in 8,192 fp32 tensors
+(--quick: 256 MiB each; --size-mib overrides).
 
 Per state dict, in one run:
   ceilings  fio, O_DIRECT, 16 MiB requests, iodepth 4 (io_uring, else psync), end_fsync:
@@ -43,6 +45,7 @@ Not a test: it prints tables; read the ratios (the machine may be shared and noi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -54,12 +57,16 @@ import sys
 import tempfile
 import time
 import warnings
+from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from torch.distributed.checkpoint import state_dict_saver  # noqa: E402
@@ -68,7 +75,7 @@ from torch.futures import Future  # noqa: E402
 
 import hostreg  # noqa: E402
 import hostreg.torch as ht  # noqa: E402
-from dcp_bench import MiB, plain_state_dict, state_bytes  # noqa: E402
+from dcp_bench import MiB, free_port, fsdp_state_dict, plain_state_dict, state_bytes  # noqa: E402
 from hostreg._ceiling import fio  # noqa: E402
 
 class NoStorage(StorageWriter):
@@ -189,19 +196,36 @@ def zeros_like_sd(sd: dict[str, Any]) -> dict[str, Any]:
     return dest
 
 
-def verify(src: dict[str, Any], dest: dict[str, Any], what: str) -> None:
-    bad = [k for k, v in src["model"].items() if not torch.equal(v, dest["model"][k])]
-    if bad:
-        raise RuntimeError(f"{what}: {len(bad)} of {len(src['model'])} tensors differ from the source "
-                           f"after the load (first: {bad[:5]})")
+def copy_structure(sd: Any) -> Any:
+    """A state dict like ``sd`` with tensors of its own (DTensors over the same mesh and
+    placements): a destination to load into."""
+    import copy
+
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map
+
+    def one(v: Any) -> Any:
+        if isinstance(v, DTensor):
+            return DTensor.from_local(v.to_local().clone(), v.device_mesh, v.placements, shape=v.shape,
+                                      stride=v.stride(), run_check=False)
+        return v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+
+    return tree_map(one, sd)
+
+
+def verify(src: list[torch.Tensor], dest: list[torch.Tensor], what: str) -> None:
+    bad = [i for i, (a, b) in enumerate(zip(src, dest)) if not torch.equal(a, b)]
+    if bad or len(src) != len(dest):
+        raise RuntimeError(f"{what}: {len(bad)} of {len(src)} tensors differ from the source after the load "
+                           f"(first: {bad[:5]})")
 
 
 # ---- one case ----------------------------------------------------------------------------------
 
 
-def one_save(sd: dict[str, Any], stager: Any, path: str, writer: Any) -> tuple[float, float]:
+def one_save(sd: dict[str, Any], stager: Any, path: str, writer: Any, pg: Any = None) -> tuple[float, float]:
     t0 = time.perf_counter()
-    res = dcp.async_save(sd, checkpoint_id=path, storage_writer=writer, async_stager=stager)
+    res = dcp.async_save(sd, checkpoint_id=path, storage_writer=writer, async_stager=stager, process_group=pg)
     if not isinstance(res, state_dict_saver.AsyncSaveResponse):
         raise RuntimeError(f"dcp.async_save returned {type(res).__name__}, not an AsyncSaveResponse: "
                            "this torch does not take a staging future")
@@ -213,55 +237,78 @@ def one_save(sd: dict[str, Any], stager: Any, path: str, writer: Any) -> tuple[f
     return staged, done
 
 
-def run_case(count: int, total: int, reps: int, root: str, host: Host, engines: list[str],
-             console: Console) -> dict[str, Any]:
+class Ranks:
+    """The processes of one case: this one alone, or a gloo process group (every rank runs
+    the same saves and loads; rank 0 alone drops caches, reads /proc/meminfo, removes files)."""
+
+    def __init__(self, pg: Any = None) -> None:
+        self.pg = pg
+        self.root = pg is None or dist.get_rank() == 0
+
+    def barrier(self) -> None:
+        if self.pg is not None:
+            dist.barrier(group=self.pg)
+
+    def total(self, n: int) -> int:
+        """The sum of ``n`` over the ranks."""
+        if self.pg is None:
+            return n
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(t, group=self.pg)
+        return int(t.item())
+
+
+def tensors_of(sd: Any) -> list[torch.Tensor]:
+    """Every tensor of a (possibly FSDP2) state dict, DTensors as their local shards, in order."""
+    from torch.utils._pytree import tree_leaves
+
+    return [v.to_local() if hasattr(v, "to_local") else v for v in tree_leaves(sd) if isinstance(v, torch.Tensor)]
+
+
+def measure_saves(sd: Any, dest: Any, reps: int, root: str, host: Host, ranks: Ranks,
+                  console: Console) -> tuple[dict[str, list[dict[str, float]]], dict[str, Any], set[str]]:
+    """Every writer's saves and both readers' loads of ``sd`` (loaded into ``dest``, compared
+    with ``sd``); returns (samples, I/O stats of the last run, notes)."""
     notes: set[str] = set()
     samples: dict[str, list[dict[str, float]]] = {}
     extra: dict[str, Any] = {}
+    nbytes = ranks.total(state_bytes(sd))  # page-cache growth is machine-wide: against every rank's bytes
+    src, out = tensors_of(sd), tensors_of(dest)
 
     def add(key: str, **vals: float) -> None:
         samples.setdefault(key, []).append(vals)
 
-    t = time.perf_counter()
-    sd = random_state_dict(count, total, seed=count)
-    nbytes = state_bytes(sd)
-    dest = zeros_like_sd(sd)
-    console.print(f"  state dict and destination made ({nbytes / MiB:.0f} MiB each, {time.perf_counter() - t:.1f} s)")
-
-    # Ceilings.
-    for rep in range(reps):
-        f = os.path.join(root, "fio.tmp")
-        try:
+    def fresh(d: str) -> None:  # a directory none of the ranks has written yet
+        ranks.barrier()
+        if ranks.root:
+            shutil.rmtree(d, ignore_errors=True)
             host.drop_caches()
-            add("ceiling write", s=nbytes / fio(f, nbytes, "write", engines))
-            host.drop_caches()
-            add("ceiling read", s=nbytes / fio(f, nbytes, "read", engines))
-        finally:
-            if os.path.exists(f):
-                os.unlink(f)
-    console.print(f"  ceilings measured (fio, {engines[0]})")
+        ranks.barrier()
 
     stager = ht.Stager(async_staging=True)
     try:
         for name, make in WRITERS:  # warm-up: the arena is made by the first; each writer once
             d = os.path.join(root, "warmup")
-            one_save(sd, stager, d, make(d))
-            shutil.rmtree(d)
+            fresh(d)
+            one_save(sd, stager, d, make(d), ranks.pg)
             gc.collect()
+        fresh(os.path.join(root, "warmup"))
         regs = hostreg.stats().registrations
-        console.print(f"  warm-up saves done ({regs} staging arena(s) registered)")
+        if ranks.root:
+            console.print(f"  warm-up saves done ({regs} staging arena(s) registered)")
 
         for rep in range(reps):
             order = WRITERS[rep % len(WRITERS):] + WRITERS[:rep % len(WRITERS)]  # a different first each rep
             for name, make in order:
                 d = os.path.join(root, f"ckpt-{rep}")
+                fresh(d)
                 writer = make(d)
-                host.drop_caches()
                 before = host.meminfo()
                 regs_before = hostreg.stats().registrations
-                staged, done = one_save(sd, stager, d, writer)
+                staged, done = one_save(sd, stager, d, writer, ranks.pg)
+                ranks.barrier()
                 after = host.meminfo()
-                resident = resident_bytes(d)
+                resident = resident_bytes(d) if ranks.root else None
                 if hostreg.stats().registrations != regs_before:
                     notes.add("a timed save made a new staging arena (the previous one was still busy)")
                 grow = (after["Cached"] + after["Dirty"]) - (before["Cached"] + before["Dirty"])
@@ -272,39 +319,122 @@ def run_case(count: int, total: int, reps: int, root: str, host: Host, engines: 
                     resident=float("nan") if resident is None else 100.0 * resident / nbytes)
                 st = getattr(writer, "stats", None)
                 if st is not None:
-                    extra[name] = st
+                    extra[name] = dataclasses.asdict(st)
                 gc.collect()
                 if name in LOAD_FROM:
                     readers = READERS if rep % 2 == 0 else READERS[::-1]
                     for reader in readers:
-                        for x in dest["model"].values():
+                        for x in out:
                             x.zero_()
-                        host.drop_caches()
+                        ranks.barrier()
+                        if ranks.root:
+                            host.drop_caches()
+                        ranks.barrier()
+                        before = host.meminfo()
                         t0 = time.perf_counter()
                         if reader == READERS[0]:
-                            dcp.load(dest, checkpoint_id=d)
+                            dcp.load(dest, checkpoint_id=d, process_group=ranks.pg)
                         else:
                             r = ht.FileSystemReader(d)
-                            dcp.load(dest, storage_reader=r)
-                            extra[f"{LOAD_FROM[name]}|{reader}"] = r.stats
-                        s = time.perf_counter() - t0
-                        verify(sd, dest, f"{reader} of the checkpoint of {name}")
-                        add(f"{LOAD_FROM[name]}|{reader}", s=s)
-                shutil.rmtree(d)
-            console.print(f"  repetition {rep + 1}/{reps} done")
-        # The noise floor of "page cache +%": Cached + Dirty growth over an idle second after drop_caches.
-        host.drop_caches()
-        before = host.meminfo()
-        time.sleep(1.0)
-        after = host.meminfo()
-        idle = (after["Cached"] + after["Dirty"]) - (before["Cached"] + before["Dirty"])
-        notes.add(f"Cached + Dirty grew by {round(idle / MiB) + 0} MiB ({round(100.0 * idle / nbytes, 1) + 0.0:.1f}% of the bytes) over an idle "
-                  "second after drop_caches (other processes, library pages read back): the noise in page cache +%.")
+                            dcp.load(dest, storage_reader=r, process_group=ranks.pg)
+                            extra[f"{LOAD_FROM[name]}|{reader}"] = dataclasses.asdict(r.stats)
+                        t = time.perf_counter() - t0
+                        after = host.meminfo()
+                        verify(src, out, f"{reader} of the checkpoint of {name}")
+                        grow = (after["Cached"] + after["Dirty"]) - (before["Cached"] + before["Dirty"])
+                        add(f"{LOAD_FROM[name]}|{reader}", s=t, cache=100.0 * grow / nbytes)
+            if ranks.root:
+                console.print(f"  repetition {rep + 1}/{reps} done")
+        fresh(os.path.join(root, f"ckpt-{reps - 1}"))
     finally:
         stager.close()
+        gc.collect()
+    return samples, extra, notes
+
+
+def ceilings(nbytes: int, reps: int, root: str, host: Host, engines: list[str]) -> dict[str, list[dict[str, float]]]:
+    out: dict[str, list[dict[str, float]]] = {}
+    for _ in range(reps):
+        f = os.path.join(root, "fio.tmp")
+        try:
+            host.drop_caches()
+            out.setdefault("ceiling write", []).append({"s": nbytes / fio(f, nbytes, "write", engines)})
+            host.drop_caches()
+            out.setdefault("ceiling read", []).append({"s": nbytes / fio(f, nbytes, "read", engines)})
+        finally:
+            if os.path.exists(f):
+                os.unlink(f)
+    return out
+
+
+def idle_note(host: Host, nbytes: int) -> str:
+    """The noise floor of "page cache +%": Cached + Dirty growth over an idle second after drop_caches."""
+    host.drop_caches()
+    before = host.meminfo()
+    time.sleep(1.0)
+    after = host.meminfo()
+    idle = (after["Cached"] + after["Dirty"]) - (before["Cached"] + before["Dirty"])
+    return (f"Cached + Dirty grew by {round(idle / MiB) + 0} MiB ({round(100.0 * idle / nbytes, 1) + 0.0:.1f}% of the bytes) "
+            "over an idle second after drop_caches (other processes, library pages read back): the noise in page cache +%.")
+
+
+def fsdp_case(model: str, reps: int, root: str, host: Host, engines: list[str], console: Console) -> dict[str, Any]:
+    """Both ranks' saves and loads (the slowest rank's times), then the ceilings for their bytes."""
+    out = os.path.join(root, "fsdp.json")
+    mp.spawn(fsdp_rank, args=(2, free_port(), model, reps, root, out), nprocs=2, join=True)
+    with open(out) as f:
+        res = json.load(f)
+    os.unlink(out)
+    res["samples"].update(ceilings(res["bytes"], reps, root, host, engines))
+    console.print(f"  ceilings measured (fio, {engines[0]})")
+    res["notes"].append(idle_note(host, res["bytes"]))
+    res["count"] = 0
+    return res
+
+
+def run_case(count: int, total: int, reps: int, root: str, host: Host, engines: list[str],
+             console: Console) -> dict[str, Any]:
+    t = time.perf_counter()
+    sd = random_state_dict(count, total, seed=count)
+    nbytes = state_bytes(sd)
+    dest = zeros_like_sd(sd)
+    console.print(f"  state dict and destination made ({nbytes / MiB:.0f} MiB each, {time.perf_counter() - t:.1f} s)")
+    samples = ceilings(nbytes, reps, root, host, engines)
+    console.print(f"  ceilings measured (fio, {engines[0]})")
+    try:
+        got, extra, notes = measure_saves(sd, dest, reps, root, host, Ranks(), console)
+        notes.add(idle_note(host, nbytes))
+    finally:
         del sd, dest
         gc.collect()
-    return {"bytes": nbytes, "count": count, "samples": samples, "stats": extra, "notes": sorted(notes)}
+    return {"bytes": nbytes, "count": count, "samples": {**samples, **got}, "stats": extra, "notes": sorted(notes)}
+
+
+def fsdp_rank(rank: int, world: int, port: int, model: str, reps: int, root: str, out: str) -> None:
+    """One rank of the FSDP2 case: its shard of the model and AdamW state, every save and load."""
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=3600))
+    pg = dist.new_group(backend="gloo")
+    sd = fsdp_state_dict(model, world)
+    for x in tensors_of(sd):  # values of their own: an equality check after a load means something
+        if x.is_floating_point() and x.dim() > 0:
+            x.uniform_(-1.0, 1.0, generator=torch.Generator().manual_seed(rank * 7919 + x.numel()))
+    console = Console(width=240)
+    samples, extra, notes = measure_saves(sd, copy_structure(sd), reps, root, Host(), Ranks(pg), console)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (state_bytes(sd), samples, extra, sorted(notes)))
+    if rank == 0:
+        merged: dict[str, list[dict[str, float]]] = {}
+        for key, runs in samples.items():  # the slowest rank's time; rank 0's page-cache figures (machine-wide)
+            merged[key] = [dict(run, s=max(g[1][key][i]["s"] for g in gathered),
+                                **({"staged": max(g[1][key][i]["staged"] for g in gathered)} if "staged" in run else {}))
+                           for i, run in enumerate(runs)]
+        with open(out, "w") as f:
+            json.dump({"bytes": sum(g[0] for g in gathered), "samples": merged, "stats": extra,
+                       "notes": sorted({n for g in gathered for n in g[3]})}, f)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 # ---- tables ------------------------------------------------------------------------------------
@@ -314,9 +444,10 @@ def med(res: dict[str, Any], key: str, field: str = "s") -> float:
     return statistics.median(s[field] for s in res["samples"][key])
 
 
-def io_note(st: Any) -> str:
-    if st is None:
+def io_note(got: dict[str, Any] | None) -> str:
+    if got is None:
         return ""
+    st = SimpleNamespace(**got)
     moved = st.direct_bytes + st.bounced_bytes
     share = 100.0 * st.direct_bytes / moved if moved else 0.0
     s = f"{'O_DIRECT' if st.direct else 'buffered'}, {share:.0f}% zero-copy, {st.requests} requests"
@@ -370,8 +501,10 @@ def case_table(title: str, res: dict[str, Any], caption: str) -> tuple[Table, in
                 ok = stock / s >= 1.5
                 targets = f"speedup {mark(ok)}"
                 misses += not ok
+            cache = med(res, key, "cache")
             table.add_row(f"load {short} ckpt: {reader}", "", f"{s:.3f}", f"{n / s / 1e9:.2f}",
-                          f"{s / rceil:.2f}", "", "", "", "", "", f"{stock / s:.2f}", io_note(res["stats"].get(key)), targets)
+                          f"{s / rceil:.2f}", "", "", "", f"{round(cache, 1) + 0.0:.1f}", "", f"{stock / s:.2f}",
+                          io_note(res["stats"].get(key)), targets)
     return table, misses
 
 
@@ -382,17 +515,20 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=None, help="repetitions per measurement (median; default 3, --quick 1)")
     ap.add_argument("--size-mib", type=int, default=None, help="bytes of each state dict in MiB (default 2048, --quick 256)")
     ap.add_argument("--dir", default=None, help="where checkpoints are written (default: a temporary directory in /tmp)")
-    ap.add_argument("--cases", default="8,8192", help="tensor counts, comma-separated (default: 8,8192)")
+    ap.add_argument("--cases", default="fsdp,8,8192",
+                    help="fsdp (FSDP2 GPT-2-medium + AdamW on 2 gloo ranks; GPT-2 small with --quick) and/or tensor "
+                         "counts, comma-separated (default: fsdp,8,8192)")
     ap.add_argument("--json", default=None, help="also write every sample here")
     args = ap.parse_args()
     reps = args.reps if args.reps is not None else (1 if args.quick else 3)
     if reps < 1:
         ap.error("--reps must be >= 1")
     size = (args.size_mib if args.size_mib is not None else (256 if args.quick else 2048)) * MiB
+    chosen = args.cases.split(",")
     try:
-        counts = [int(c) for c in args.cases.split(",")]
+        counts = [int(c) for c in chosen if c != "fsdp"]
     except ValueError:
-        ap.error(f"--cases: not a list of tensor counts: {args.cases}")
+        ap.error(f"--cases: not fsdp or tensor counts: {args.cases}")
     for c in counts:
         if c < 1 or size % (4 * c):
             ap.error(f"--cases: {size} bytes do not split into {c} fp32 tensors")
@@ -405,6 +541,11 @@ def main() -> int:
     console.print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; checkpoints in {root}; median of {reps}")
     results = {}
     try:
+        if "fsdp" in chosen:
+            model = "gpt2" if args.quick else "gpt2-medium"
+            title = f"FSDP2 {model} + AdamW, 2 ranks"
+            console.print(f"running {title} ...")
+            results[title] = fsdp_case(model, reps, root, host, engines, console)
         for count in counts:
             title = f"{size // MiB} MiB in {count:,} tensors"
             console.print(f"running {title} ...")
