@@ -159,6 +159,23 @@ typedef struct hostregCapabilities {
  * version are known as soon as the runtime loads); 1 for an unknown name or a NULL out. */
 HOSTREG_API int hostregBackendCapabilities(const char* name, hostregCapabilities* out);
 
+/* The device that registrations made on threads without a current device context of their
+ * own are for. AscendCL's contexts are per thread and a registration is made for the device
+ * of the calling thread's context; a staging thread (hostreg.torch.Stager's, DCP's
+ * DefaultStager's executor) has none. The acl backend then registers for the process's
+ * device: the one set here, else the device it saw current on the first thread that used
+ * hostreg with a context; with neither it refuses with 201 (cudaErrorDeviceUninitialized)
+ * rather than create a context on NPU 0 (docs/vendors.md, "AscendCL"). device >= 0 names
+ * the device; HOSTREG_DEVICE_OF_THIS_THREAD takes the calling thread's current one. The other
+ * backends accept and ignore it: posix and ze register for no one device; cuda, hip and musa
+ * use their runtime's own current device, device 0 on a thread that chose none, as CUDA's
+ * runtime does. Returns 0; 1 for device < -1; 101 (cudaErrorInvalidDevice) for a device the
+ * runtime does not have; 201 for HOSTREG_DEVICE_OF_THIS_THREAD on a thread without a current
+ * context; or the backend selection's failure (for HOSTREG_DEVICE_OF_THIS_THREAD, a question,
+ * failures are answers: hostregGetLastError has them, the log does not). */
+#define HOSTREG_DEVICE_OF_THIS_THREAD (-1)
+HOSTREG_API int hostregSetDefaultDevice(int device);
+
 /* This process's allowance for page-locking, read from the kernel now: *memlock_bytes gets
  * RLIMIT_MEMLOCK's soft limit in bytes (ULLONG_MAX when unlimited) and *cap_ipc_lock 1 when the
  * process holds CAP_IPC_LOCK (CapEff in /proc/self/status), which lifts that limit for

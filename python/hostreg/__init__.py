@@ -27,6 +27,7 @@ from ._core import (
     last_error,
     registration,
     registrations,
+    set_default_device,
     stats,
 )
 from ._proc import locked_bytes
@@ -49,5 +50,6 @@ __all__ = [
     "locked_bytes",
     "registration",
     "registrations",
+    "set_default_device",
     "stats",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import sys
 from typing import NamedTuple
 
 from . import _hostreg
@@ -164,6 +165,53 @@ def last_error() -> LastError:
     """The calling thread's last failed hostreg call (``code`` is success if none)."""
     code, native, message = _hostreg.last_error()
     return LastError(cudaError(code), native, message)
+
+
+def set_default_device(device: int | None = None) -> cudaError:
+    """The device that registrations made on threads without a current device context of their
+    own are for (``hostregSetDefaultDevice``): ``device``, or with None the calling thread's
+    current device as its runtime says.
+
+    Matters for AscendCL, whose contexts are per thread: a staging thread has none, and the
+    acl backend then registers for this device (learned, without this call, from the first
+    thread that used hostreg with a context; with neither it refuses with
+    ``cudaErrorDeviceUninitialized`` instead of guessing NPU 0). The other backends accept and
+    ignore it (posix and ze register for no one device; cuda, hip and musa use their runtime's
+    current device, 0 on a thread that chose none, as CUDA's runtime does). Returns ``cudaError.success``, ``cudaErrorInvalidDevice`` for a device the
+    runtime does not have, ``cudaErrorDeviceUninitialized`` for None on a thread without a
+    context; raises ValueError for a negative ``device``.
+    """
+    global _device_noted
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
+        raise ValueError(f"device must be an int >= 0 or None, got {device!r}")
+    code = cudaError(_hostreg.set_default_device(-1 if device is None else device))
+    _device_noted |= code == cudaError.success
+    return code
+
+
+_device_noted = False
+
+
+def note_caller_device() -> None:
+    """Tells the C core this process's device from the calling thread, once it can: the
+    thread's current device context (its runtime's answer), else, where torch_npu is loaded
+    and initialised, ``torch.npu.current_device()`` (torch_npu's own choice for a thread
+    without a context). Called by hostreg's entry points on the caller's thread (the drop-in's
+    install and cudaHostRegister, Stager), so that registrations made later on staging threads
+    are for the device the process uses (:func:`set_default_device`). Never raises."""
+    global _device_noted
+    if _device_noted:
+        return
+    if _hostreg.set_default_device(-1) == 0:
+        _device_noted = True
+        return
+    torch = sys.modules.get("torch") if "torch_npu" in sys.modules else None
+    npu = getattr(torch, "npu", None)
+    try:
+        if npu is not None and npu.is_initialized():
+            _device_noted = _hostreg.set_default_device(int(npu.current_device())) == 0
+    except Exception:  # noqa: BLE001 -- torch_npu's answer is a hint; without it the core refuses clearly
+        pass
 
 
 def backend() -> str:

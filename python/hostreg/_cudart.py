@@ -28,6 +28,7 @@ class CudaRuntime:
     @staticmethod
     def cudaHostRegister(ptr: int, size: int, flags: int) -> _CudaError:  # noqa: N802
         """Page-lock ``size`` bytes at address ``ptr``; see :func:`hostreg.host_register`."""
+        _core.note_caller_device()  # DCP pins on its staging thread: torch_npu may know the device there
         return _CudaError(_hostreg.host_register(ptr, size, flags, "cudart().cudaHostRegister (hostreg's drop-in)"))
 
     @staticmethod

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from . import _tree
+from . import _core, _tree
 from ._arena import leaves_on
 from ._copy import CopyPlan
 from ._errors import StagingError
@@ -103,6 +103,7 @@ class Stager:
     ) -> None:
         if max_buffers < 1:
             raise ValueError(f"max_buffers must be >= 1, got {max_buffers}")
+        _core.note_caller_device()  # the staging thread registers for the caller's device (AscendCL)
         if async_staging and not _async_save_takes_futures():
             raise ValueError(f"async_staging needs a torch whose dcp.async_save takes a Future (AsyncSaveResponse); torch {torch.__version__} has none")
         self.pin_memory = pin_memory
@@ -143,6 +144,7 @@ class Stager:
             raise TypeError(f"state_dict must be a dict, not {type(state_dict).__name__}")
         if self._closed:
             raise RuntimeError("Stager.stage() after close()")
+        _core.note_caller_device()  # until known: the device may be set after the Stager was made
         if not self.async_staging:
             return self._stage_now(state_dict, None)
         ready = None

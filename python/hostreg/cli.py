@@ -45,6 +45,14 @@ def _stage(args: argparse.Namespace) -> int:
             tasks[phase] = bar.add_task(phase, total=total)  # type: ignore[union-attr]
         bar.update(tasks[phase], completed=done)  # type: ignore[union-attr]
 
+    import hostreg
+
+    # The process's device for registrations on threads without a device context of their own
+    # (AscendCL's are per thread; staging may run on such a thread): this command chooses it.
+    if (code := hostreg.set_default_device(args.device)) != hostreg.cudaError.success:
+        err.print(f"[bold red]hostreg stage: device {args.device}[/]: {code.name} ({int(code)}): {hostreg.last_error().message}",
+                  highlight=False, soft_wrap=True)
+        return 1
     try:
         with bar:
             t0 = time.perf_counter()
@@ -182,6 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["hostreg", "torch"],
         default="hostreg",
         help="hostreg: one shared arena, one registration (default); torch: PyTorch's per-tensor path through the drop-in",
+    )
+    p.add_argument(
+        "--device", type=int, default=0, metavar="N",
+        help="the device registrations are made for where the runtime's contexts are per thread (AscendCL: NPU N; "
+        "default %(default)s); other backends use their runtime's own current device",
     )
     p.add_argument(
         "--save",

@@ -10,7 +10,8 @@
 //   always reaches the driver, which maps the pages for the device's DMA; where the driver
 //   supports pin-register, PINNED reaches it too and it also pins them
 //   (src/runtime/driver/npu_driver_mem.cc, NpuDriver::HostRegister: MAPPED|PINNED becomes
-//   HOST_MEM_MAP_DEV | MEM_REGISTER_HOST_PINNED). torch_npu's pinned memory uses MAPPED too.
+//   HOST_MEM_MAP_DEV | MEM_REGISTER_HOST_PINNED). (PINNED on memory that is already
+//   page-locked, an aclrtMallocHost buffer, is refused: an error, never a false success.)
 // - CUDA's flags: Default, Portable and Mapped all become MAPPED|PINNED (a superset of each);
 //   ReadOnly is dropped (a promise that the device only reads; AscendCL's READONLY is
 //   reserved in CANN 9.x); IoMemory (reserved as well) answers 801.
@@ -20,10 +21,18 @@
 //   shares partial edge granules between neighbours (core/page_share.hpp).
 // - Older CANN has only V1, aclrtHostRegister(ptr, size, ACL_HOST_REGISTER_MAPPED, &devPtr),
 //   which takes the same path to the driver (NpuDriver::HostRegister with MAPPED).
-// - A current context is required (107002 without). Like the CUDA runtime, hostreg makes one
-//   when the calling thread has none: aclInit (100002, already initialised, is fine) at first
-//   use, then aclrtSetDevice on the device current where hostreg was first used, else device 0,
-//   leaving it current, as cudaHostRegister would.
+// - A current context is required (107002 without), and contexts are per thread: SetDevice
+//   stores the context thread-locally and aclrtGetDevice answers 107002 on a thread that never
+//   set one (src/runtime/api/impl/api_impl.cc, ApiImpl::SetDevice / GetDevice). The first
+//   registration often runs on a staging thread (hostreg's Stager, DCP's DefaultStager), which
+//   has none. A registration is made for the device of the thread's current context, so the
+//   backend registers on such a thread for *the process's* device: the one set with
+//   hostregSetDefaultDevice, else the one it saw current on a thread that used hostreg (the
+//   first such thread; torch_npu sets threads without a context to the device it was
+//   initialised on the same way, torch_npu/csrc/core/npu/CachingHostAllocator.cpp). With
+//   neither it refuses with 201 and says how to tell it: it never creates a context on a
+//   device the process did not choose (NPU 0 for rank k would map rank k's arena for the
+//   wrong NPU). aclInit (100002, already initialised, is fine) runs at first use.
 // - A registration is made for the thread's current device (ApiImpl::HostRegisterV2 passes
 //   CurrentContext()->Device_()->Id_() to the driver, and HostUnregister likewise): each piece
 //   remembers its device and is undone on it, the thread's device restored after. A host page
@@ -34,6 +43,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -77,7 +87,7 @@ struct Acl : Runtime<Api> {
     static constexpr const char* kLibraryEnv = "HOSTREG_ACL_LIBRARY";
     static constexpr const char* kLibraryNames[] = {"libascendcl.so", nullptr};
     static constexpr const char* kAbsent = "no CANN runtime";
-    int32_t device = 0;  // the device a thread without a context is given
+    std::atomic<int32_t> device{-1};  // the process's device, for threads without a context; -1: not known
 };
 
 Status failure(const Api& api, const char* call, aclError r, int code) {
@@ -103,7 +113,7 @@ Status start(Acl& a) {
     if (aclError r = api.aclrtGetDeviceCount(&count)) return failure(api, "aclrtGetDeviceCount", r);
     if (count == 0) return Status::error(hostregErrorNoDevice, "AscendCL reports no NPU");
     int32_t current = 0;
-    if (api.aclrtGetDevice(&current) == kSuccess) a.device = current;  // else: no context here, device 0
+    if (api.aclrtGetDevice(&current) == kSuccess) a.device = current;  // else: learned later, or told
     caps.flags = HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED | HOSTREG_HOST_REGISTER_READ_ONLY;
     caps.granule = std::max(kAlignment, static_cast<size_t>(sysconf(_SC_PAGESIZE)));
     caps.note = std::string("page-locked and mapped for the NPU by the CANN driver (") +
@@ -114,12 +124,43 @@ Status start(Acl& a) {
 
 Acl& acl() { return loaded_once<Acl, start>(); }
 
-// Gives the calling thread a current context if it has none (see the file comment).
+// Gives the calling thread a current context on the process's device if it has none, and
+// learns the process's device from a thread that has one (see the file comment).
 Status ensure_context() {
     Acl& a = acl();
     int32_t dev = 0;
-    if (a.api.aclrtGetDevice(&dev) == kSuccess) return Status::ok();
-    if (aclError r = a.api.aclrtSetDevice(a.device)) return failure(a.api, "aclrtSetDevice", r);
+    if (a.api.aclrtGetDevice(&dev) == kSuccess) {
+        int32_t unknown = -1;
+        a.device.compare_exchange_strong(unknown, dev);
+        return Status::ok();
+    }
+    const int32_t device = a.device.load();
+    if (device < 0)
+        return Status::error(201,  // cudaErrorDeviceUninitialized: no context to register in
+                             "this thread has no current NPU context, and hostreg does not know which NPU this process "
+                             "uses: set it on this thread first (torch.npu.set_device, aclrtSetDevice), or tell hostreg "
+                             "(hostreg.set_default_device(n), hostregSetDefaultDevice); hostreg does not guess NPU 0",
+                             kErrorRtContextNull);
+    if (aclError r = a.api.aclrtSetDevice(device)) return failure(a.api, "aclrtSetDevice", r);
+    return Status::ok();
+}
+
+Status acl_set_default_device(int device) {
+    Acl& a = acl();
+    Api& api = a.api;
+    if (device < 0) {  // the calling thread's
+        int32_t dev = 0;
+        if (aclError r = api.aclrtGetDevice(&dev))
+            return failure(api, "aclrtGetDevice", r, 201);  // 107002: this thread has no current context
+        a.device = dev;
+        return Status::ok();
+    }
+    uint32_t count = 0;
+    if (aclError r = api.aclrtGetDeviceCount(&count)) return failure(api, "aclrtGetDeviceCount", r);
+    if (static_cast<uint32_t>(device) >= count)
+        return Status::error(hostregErrorInvalidDevice,
+                             "NPU " + std::to_string(device) + " does not exist (AscendCL reports " + std::to_string(count) + ")");
+    a.device = device;
     return Status::ok();
 }
 
@@ -189,6 +230,7 @@ extern const Backend kAclBackend = {
     /*host_register=*/acl_register,
     /*host_unregister=*/acl_unregister,
     /*share=*/acl_share,
+    /*set_default_device=*/acl_set_default_device,
 };
 
 }  // namespace hostreg

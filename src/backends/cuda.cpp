@@ -153,6 +153,7 @@ extern const Backend kCudaBackend = {
     /*host_register=*/cuda_register,
     /*host_unregister=*/cuda_unregister,
     /*share=*/nullptr,
+    /*set_default_device=*/nullptr,  // a thread without a context: device 0's primary context, CUDA's default
 };
 
 }  // namespace hostreg

@@ -95,6 +95,7 @@ extern const Backend kHipBackend = {
     /*host_register=*/hip_register,
     /*host_unregister=*/hip_unregister,
     /*share=*/nullptr,
+    /*set_default_device=*/nullptr,  // the runtime's own current device (0 unless chosen), as CUDA's
 };
 
 }  // namespace hostreg

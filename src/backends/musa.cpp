@@ -72,6 +72,7 @@ extern const Backend kMusaBackend = {
     /*host_register=*/musa_register,
     /*host_unregister=*/musa_unregister,
     /*share=*/nullptr,
+    /*set_default_device=*/nullptr,  // the runtime's own current device (0 unless chosen), as CUDA's
 };
 
 }  // namespace hostreg

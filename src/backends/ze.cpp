@@ -165,6 +165,7 @@ extern const Backend kZeBackend = {
     /*host_register=*/ze_register,
     /*host_unregister=*/ze_unregister,
     /*share=*/ze_share,
+    /*set_default_device=*/nullptr,  // imports are the driver's, for no one device
 };
 
 }  // namespace hostreg

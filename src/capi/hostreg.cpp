@@ -166,6 +166,20 @@ int hostregBackendCapabilities(const char* name, hostregCapabilities* out) {
     return p.status.code;
 }
 
+int hostregSetDefaultDevice(int device) {
+    if (device < HOSTREG_DEVICE_OF_THIS_THREAD)
+        return record(Status::error(hostregErrorInvalidValue, "device must be >= 0, or HOSTREG_DEVICE_OF_THIS_THREAD"),
+                      __func__);
+    // Asking for this thread's device is a question: its failures are answers, not logged.
+    const bool asking = device == HOSTREG_DEVICE_OF_THIS_THREAD;
+    Status why;
+    const hostreg::Backend* b = hostreg::active_backend(&why);
+    if (b == nullptr) return asking ? hostreg::remember(why) : record(why, __func__);
+    if (b->set_default_device == nullptr) return hostregSuccess;
+    Status s = b->set_default_device(device);
+    return asking ? hostreg::remember(s) : record(s, __func__);
+}
+
 int hostregLockAllowance(unsigned long long* memlock_bytes, int* cap_ipc_lock) {
     if (memlock_bytes) {
         struct rlimit rl {};

@@ -65,6 +65,12 @@ struct Backend {
     // edge piece that is already registered (granule > 1 only). posix locks it again: mlock
     // is idempotent, and the holder's lock is gone if its memory was unmapped meanwhile.
     Status (*share)(void* ptr, size_t bytes, const Piece& piece);
+
+    // Optional (nullptr: registrations do not depend on the calling thread's device, and the
+    // call is accepted and ignored). Sets the device that registrations made on threads
+    // without a current device context of their own are for; device < 0: the calling
+    // thread's current device, as its runtime says (hostregSetDefaultDevice).
+    Status (*set_default_device)(int device);
 };
 
 // The backends compiled in, each defined in its own file under src/backends/.

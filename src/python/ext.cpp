@@ -562,6 +562,20 @@ NB_MODULE(_hostreg, m) {
         "hostregBackendCapabilities: (cudaError number, flags, max_registration bytes, granule bytes, library, "
         "version, note, reason) for one backend.");
     m.def(
+        "set_default_device",
+        [](int device) {
+            int code;
+            {
+                nb::gil_scoped_release nogil;  // may load and initialise the backend's runtime
+                code = hostregSetDefaultDevice(device);
+            }
+            raise_pending();
+            return code;
+        },
+        nb::arg("device"),
+        "hostregSetDefaultDevice: the device registrations on threads without a context are for (-1: this "
+        "thread's current one); returns the cudaError number.");
+    m.def(
         "lock_allowance",
         []() {
             unsigned long long limit = 0;

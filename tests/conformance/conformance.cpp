@@ -123,6 +123,9 @@ long vendor_calls(const char* sym) { return the_double().calls && sym ? the_doub
 class Conformance : public ::testing::Test {
 protected:
     void SetUp() override {
+        // The process's device, chosen as an application would (AscendCL registers on a
+        // thread without a context only for a device the process chose; others ignore it).
+        ASSERT_EQ(hostregSetDefaultDevice(0), hostregSuccess) << hrtest::last_message();
         hostregStats s{};
         ASSERT_EQ(hostregGetStats(&s), 0);
         ASSERT_EQ(s.registrations, 0u);

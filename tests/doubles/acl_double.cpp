@@ -40,7 +40,11 @@
 //                                    (FEATURE_SVM_MEM_REGISTER_HOST_PINNED); default: it does
 //                                    not, so a PINNED-only request locks nothing
 // Registrations that reach the driver are for the calling thread's device
-// (CurrentContext()->Device_()); unregistering from another device answers 507911.
+// (CurrentContext()->Device_()); unregistering from another device answers 507911. Contexts
+// are per thread (api_impl.cc, ApiImpl::SetDevice keeps the context in thread-local storage,
+// GetDevice answers 107002 on a thread that set none) and each aclrtSetDevice retains the
+// device's primary context once (src/runtime/core/src/runtime.cc, PrimaryContextRetain).
+// Inspection, not AscendCL: hostreg_double_acl_device_of(ptr), hostreg_double_acl_context_refs(device).
 // Other rules: aclInit twice -> 100002; aclrtSetDevice before aclInit -> 100001, a bad id ->
 // 107001 (ACL_ERROR_RT_INVALID_DEVICEID); aclrtGetDevice without a context -> 107002; every
 // failure sets the calling thread's aclGetRecentErrMsg text (NULL before any failure).
@@ -336,6 +340,20 @@ HRD_EXPORT const char* aclGetRecentErrMsg(void) {
 }
 
 // --- inspection (not AscendCL) ----------------------------------------------------------
+
+// The device a driver registration based at ptr is for (-1: none based there).
+HRD_EXPORT int hostreg_double_acl_device_of(void* ptr) {
+    Registration reg;
+    const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    if (!registry().find(p, &reg) || reg.base != p) return -1;
+    return static_cast<int>(reg.owner) - 1;
+}
+
+// How many aclrtSetDevice retains of device's primary context are held (0: no context there).
+HRD_EXPORT int hostreg_double_acl_context_refs(int device) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    return device >= 0 && device < kMaxDevices ? g_device_refs[device] : -1;
+}
 
 // Ranges the runtime recorded as PINNED without the driver locking them.
 HRD_EXPORT long hostreg_double_acl_pinned_records(void) {

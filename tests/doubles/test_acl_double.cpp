@@ -8,7 +8,8 @@ using namespace hrd_test;
 const std::vector<std::string> kAclV1Symbols = {
     "aclInit", "aclFinalize", "aclrtSetDevice", "aclrtResetDevice", "aclrtGetDevice",
     "aclrtGetDeviceCount", "aclrtHostRegister", "aclrtHostGetDevicePointer",
-    "aclrtHostUnregister", "aclGetRecentErrMsg", "aclrtGetVersion", "hostreg_double_acl_pinned_records"};
+    "aclrtHostUnregister", "aclGetRecentErrMsg", "aclrtGetVersion", "hostreg_double_acl_pinned_records",
+    "hostreg_double_acl_device_of", "hostreg_double_acl_context_refs"};
 
 TEST(DoubleExports, AclWithV2) {
     std::vector<std::string> symbols = kAclV1Symbols;

@@ -115,12 +115,109 @@ def test_none_and_unknown_backend(value: str, code: int, words: str):
     assert int(rc) == code and words in message
 
 
+# ---- AscendCL: the device a registration is for, from every thread ---------------------------
+#
+# CANN's contexts are per thread (hicann/runtime api_impl.cc: ApiImpl::SetDevice keeps the
+# context thread-locally; GetDevice answers 107002 on a thread that set none), and a
+# registration is for the device of the calling thread's context. The double models both and
+# says which device each registration is for (hostreg_double_acl_device_of) and how many
+# contexts each device has (hostreg_double_acl_context_refs).
+
+ACL_PRELUDE = """
+import ctypes, mmap, os, threading
+import hostreg
+acl = ctypes.CDLL(os.environ["HOSTREG_ACL_LIBRARY"])  # the double hostreg loaded: the same library
+acl.aclInit(None)
+buf = mmap.mmap(-1, 1 << 20); addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+def on_new_thread(fn):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn())); t.start(); t.join()
+    return out[0]
+def report(code):
+    return f"{int(code)} dev={acl.hostreg_double_acl_device_of(ctypes.c_void_p(addr))} ctx0={acl.hostreg_double_acl_context_refs(0)}"
+"""
+
+
+def acl_run(body: str, **env: str) -> list[str]:
+    r = run_python(ACL_PRELUDE + body, env=double_env("acl", HOSTREG_DOUBLE_DEVICES="2", **env))
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_acl_registers_on_a_staging_thread_for_the_device_its_caller_uses():
+    # Rank 1 of a node: the training thread is on NPU 1; hostreg's Stager is made there, and
+    # the first registration happens on a thread with no context of its own.
+    out = acl_run("""
+acl.aclrtSetDevice(1)
+import hostreg.torch as ht, torch
+stager = ht.Stager(async_staging=True)
+staged = stager.stage({"w": torch.ones(1 << 18)}).result()
+from hostreg import _core
+reg = _core.registration(staged["w"].data_ptr())
+print(acl.hostreg_double_acl_device_of(ctypes.c_void_p(reg.base)) if reg else "not registered", acl.hostreg_double_acl_context_refs(0))
+del staged; stager.close()
+""")
+    assert out == ["1 0"], "registered for NPU 1, and no context was made on NPU 0"
+
+
+def test_acl_refuses_a_thread_without_a_context_when_the_device_is_unknown():
+    out = acl_run("""
+code, message = on_new_thread(lambda: (hostreg.host_register(addr, 1 << 20), hostreg.last_error().message))
+print(report(code))
+print(message)
+print(hostreg.stats().registrations)
+""")
+    assert out[0] == "201 dev=-1 ctx0=0", "refused (cudaErrorDeviceUninitialized), no context made on NPU 0"
+    assert "does not know which NPU this process uses" in out[1] and "does not guess NPU 0" in out[1]
+    assert out[2] == "0"
+
+
+def test_acl_set_default_device_names_the_device_for_threads_without_one():
+    out = acl_run("""
+print(int(hostreg.set_default_device(5)), int(hostreg.set_default_device(1)))
+print(report(on_new_thread(lambda: hostreg.host_register(addr, 1 << 20))))
+print(int(on_new_thread(lambda: hostreg.host_unregister(addr))), acl.hostreg_double_acl_device_of(ctypes.c_void_p(addr)))
+print(int(hostreg.set_default_device(None)))  # this thread has no context: an answer
+try:
+    hostreg.set_default_device(-2)
+except ValueError as e:
+    print("ValueError")
+""")
+    assert out[0] == "101 0", "NPU 5 does not exist (2 NPUs): cudaErrorInvalidDevice"
+    assert out[1] == "0 dev=1 ctx0=0"
+    assert out[2] == "0 -1", "unregistered, on its own device"
+    assert out[3] == "201" and out[4] == "ValueError"
+
+
+def test_acl_learns_the_device_from_the_first_thread_that_uses_hostreg_with_one():
+    out = acl_run("""
+acl.aclrtSetDevice(1)
+print(int(hostreg.host_register(addr, 4096)), int(hostreg.host_unregister(addr)))  # learns NPU 1 here
+print(report(on_new_thread(lambda: hostreg.host_register(addr, 1 << 20))))
+""")
+    assert out == ["0 0", "0 dev=1 ctx0=0"]
+
+
+def test_acl_takes_torch_npus_device_on_a_staging_thread():
+    # A stand-in for torch_npu's Python API, as torch_npu/npu/utils.py defines it:
+    # is_initialized() (NPU state initialised) and current_device() (torch_npu._C._npu_getDevice,
+    # torch_npu's own choice of device for the calling thread). Not torch_npu.
+    out = acl_run("""
+import sys, types, torch
+sys.modules["torch_npu"] = types.ModuleType("torch_npu")
+torch.npu = types.SimpleNamespace(is_initialized=lambda: True, current_device=lambda: 1)
+print(report(on_new_thread(lambda: hostreg.cudart().cudaHostRegister(addr, 1 << 20, 0))))
+""")
+    assert out == ["0 dev=1 ctx0=0"]
+
+
 def test_acl_codes_reach_callers_as_cudas_with_native_kept():
     # Through the AscendCL double, with a 64 KiB memlock limit: its driver cannot lock, answers
     # 207001, and the caller gets cudaErrorMemoryAllocation (2) with AscendCL's number and text.
     src = """
 import hostreg, mmap, ctypes
 b = mmap.mmap(-1, 1 << 20); a = ctypes.addressof(ctypes.c_char.from_buffer(b))
+hostreg.set_default_device(0)  # the process's NPU (this thread has no context)
 print(int(hostreg.host_register(a, 1 << 20)))
 e = hostreg.last_error(); print(e.native, e.message)
 print(int(hostreg.host_register(a + 7, 100)), hostreg.stats().registrations)
