@@ -12,7 +12,11 @@
 //   (src/runtime/driver/npu_driver_mem.cc, NpuDriver::HostRegister: MAPPED|PINNED becomes
 //   HOST_MEM_MAP_DEV | MEM_REGISTER_HOST_PINNED). (PINNED on memory that is already
 //   page-locked, an aclrtMallocHost buffer, is refused: an error, never a false success.)
-// - CUDA's flags: Default, Portable and Mapped all become MAPPED|PINNED (a superset of each);
+// - CUDA's flags: Default, Portable and Mapped all become MAPPED|PINNED; but a registration is
+//   for one NPU only (ApiImpl::HostRegisterV2 passes the current context's device to the
+//   driver, which keeps one mapping node per device), where CUDA's Portable means every
+//   device. So Portable is honoured while the process registers for one NPU (torch_npu's
+//   setup: one NPU per process) and answers 801 once it has registered for another;
 //   ReadOnly is dropped (a promise that the device only reads; AscendCL's READONLY is
 //   reserved in CANN 9.x); IoMemory (reserved as well) answers 801.
 // - The address must be 4 KiB-aligned for every flag (CANN 8.5 / 9.x aclrtHostRegisterV2
@@ -38,8 +42,10 @@
 //   remembers its device and is undone on it, the thread's device restored after. A host page
 //   can be registered for one device only, so two registrations on different NPUs cannot share
 //   an edge page: the second answers 801 and says so.
+// - Kernels 5.10 or older: unavailable (kernel_too_old below, from CANN's API docs).
 // - Codes (kCodes below); aclGetRecentErrMsg gives the runtime's own explanation, kept in the
 //   message. aclrtHostGetDevicePointer takes only the exact base of a registration.
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -88,7 +94,17 @@ struct Acl : Runtime<Api> {
     static constexpr const char* kLibraryNames[] = {"libascendcl.so", nullptr};
     static constexpr const char* kAbsent = "no CANN runtime";
     std::atomic<int32_t> device{-1};  // the process's device, for threads without a context; -1: not known
+    std::atomic<uint64_t> used{0};    // bit d: the process has registered for NPU d (d < 64)
 };
+
+uint64_t bit(int32_t device) { return device >= 0 && device < 64 ? uint64_t{1} << device : 0; }
+
+std::string npu_list(uint64_t mask) {
+    std::string out;
+    for (int d = 0; d < 64; ++d)
+        if (mask & bit(d)) out += (out.empty() ? "" : ", ") + std::to_string(d);
+    return out;
+}
 
 Status failure(const Api& api, const char* call, aclError r, int code) {
     const char* msg = api.aclGetRecentErrMsg();
@@ -99,9 +115,29 @@ Status failure(const Api& api, const char* call, aclError r, int code) {
 }
 Status failure(const Api& api, const char* call, aclError r) { return failure(api, call, r, translate(r, kCodes)); }
 
+// CANN's API docs (hicann/runtime docs/zh/api_ref/11-02_host_memory_management.md, `ptr` of
+// aclrtHostRegister and aclrtHostRegisterV2): on OS kernels 5.10 or older, registering host
+// memory that aclrtMallocHost did not allocate "causes exceptions"; such memory must come
+// from aclrtMallocHost. hostreg registers any memory (malloc, mmap, /dev/shm), so on such a
+// kernel the backend is unavailable, saying why. Returns the kernel's release when it is
+// 5.10 or older, else "".
+std::string kernel_too_old() {
+    utsname u{};
+    if (uname(&u) != 0) return "";
+    unsigned major = 0, minor = 0;
+    if (std::sscanf(u.release, "%u.%u", &major, &minor) != 2) return "";
+    return (major < 5 || (major == 5 && minor <= 10)) ? u.release : "";
+}
+
 Status start(Acl& a) {
     Api& api = a.api;
     Capabilities& caps = a.probe.caps;
+    if (const std::string release = kernel_too_old(); !release.empty())
+        return Status::error(hostregErrorNotSupported,
+                             "Linux " + release + " is 5.10 or older: CANN's API docs say registering host memory that "
+                             "aclrtMallocHost did not allocate causes exceptions on such kernels (aclrtHostRegister, "
+                             "aclrtHostRegisterV2: ptr), and hostreg registers any memory, so it does not use AscendCL "
+                             "here (HOSTREG_BACKEND=auto takes posix: the OS's page lock, not mapped for the NPU)");
     int32_t major = 0, minor = 0, patch = 0;
     if (api.aclrtGetVersion && api.aclrtGetVersion(&major, &minor, &patch) == kSuccess)
         caps.version = "AscendCL " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
@@ -171,9 +207,18 @@ void* owner_of(int32_t device) { return reinterpret_cast<void*>(static_cast<intp
 int32_t device_of(const Piece& piece) { return static_cast<int32_t>(reinterpret_cast<intptr_t>(piece.owner) - 1); }
 
 // [ptr, ptr + bytes) is whole granules (the registry's doing).
-Status acl_register(void* ptr, size_t bytes, unsigned /*flags*/, Piece* piece) {
-    Api& api = acl().api;
+Status acl_register(void* ptr, size_t bytes, unsigned flags, Piece* piece) {
+    Acl& a = acl();
+    Api& api = a.api;
     if (Status s = ensure_context(); !s.is_ok()) return s;
+    int32_t device = 0;
+    api.aclrtGetDevice(&device);  // ensure_context made sure there is one
+    if ((flags & HOSTREG_HOST_REGISTER_PORTABLE) && (a.used.load() & ~bit(device)))
+        return Status::error(hostregErrorNotSupported,
+                             "cudaHostRegisterPortable asks for every device, but AscendCL registers for one NPU (this "
+                             "thread's, NPU " + std::to_string(device) + "), and this process has registered for NPU " +
+                                 npu_list(a.used.load() & ~bit(device)) +
+                                 " too: register without Portable, once per NPU, from a thread on that NPU");
     const char* call = api.aclrtHostRegisterV2 ? "aclrtHostRegisterV2" : "aclrtHostRegister";
     void* dev = nullptr;
     aclError r = api.aclrtHostRegisterV2 ? api.aclrtHostRegisterV2(ptr, bytes, kFlag)
@@ -185,8 +230,7 @@ Status acl_register(void* ptr, size_t bytes, unsigned /*flags*/, Piece* piece) {
     if (api.aclrtHostRegisterV2 &&
         (!api.aclrtHostGetDevicePointer || api.aclrtHostGetDevicePointer(ptr, &dev, 0) != kSuccess))
         dev = nullptr;
-    int32_t device = 0;
-    api.aclrtGetDevice(&device);  // ensure_context made sure there is one
+    a.used |= bit(device);
     piece->device = dev;
     piece->owner = owner_of(device);
     return Status::ok();

@@ -50,5 +50,6 @@ constexpr ze_result_t kResultErrorOverlappingRegions = 0x7800001a;  // ZE_RESULT
 // compute-runtime's zex_driver.h; looked up with zeDriverGetExtensionFunctionAddress.
 using zexDriverImportExternalPointer_t = ze_result_t (*)(ze_driver_handle_t, void* ptr, size_t size);
 using zexDriverReleaseImportedPointer_t = ze_result_t (*)(ze_driver_handle_t, void* ptr);
+using zexDriverGetHostPointerBaseAddress_t = ze_result_t (*)(ze_driver_handle_t, void* ptr, void** base);
 
 }  // namespace hostreg::ze_abi

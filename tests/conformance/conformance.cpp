@@ -356,35 +356,6 @@ TEST_F(Conformance, CudaUnregistersInTheContextItWasMadeIn) {
     unsetenv("HOSTREG_DOUBLE_DEVICES");
 }
 
-// acl: a registration is undone on the NPU it was made for, whatever the unregistering
-// thread's NPU; two NPUs cannot share a page (801).
-TEST_F(Conformance, AclUnregistersOnTheDeviceItWasMadeFor) {
-    if (!is("acl") && !is("acl-pin") && !is("acl-v1")) GTEST_SKIP() << "acl only";
-    auto set_device = reinterpret_cast<int (*)(int32_t)>(dlsym(the_double().handle, "aclrtSetDevice"));
-    auto get_device = reinterpret_cast<int (*)(int32_t*)>(dlsym(the_double().handle, "aclrtGetDevice"));
-    setenv("HOSTREG_DOUBLE_DEVICES", "2", 1);
-    Mapping m(8);
-    int reg = -1, unreg = -1, shared = -1;
-    int32_t after = -1;
-    std::thread t1([&] {
-        set_device(1);
-        reg = hostregHostRegister(m.page_at(1) + 100, 2 * page(), 0);  // pages 1..3, edges 1 and 3
-    });
-    t1.join();
-    std::thread t2([&] {
-        set_device(0);
-        shared = hostregHostRegister(m.page_at(3) + 200, page(), 0);  // shares page 3: refused
-        unreg = hostregHostUnregister(m.page_at(1) + 100);
-        get_device(&after);
-    });
-    t2.join();
-    EXPECT_EQ(reg, hostregSuccess);
-    EXPECT_EQ(shared, hostregErrorNotSupported);
-    EXPECT_EQ(unreg, hostregSuccess) << "undone on NPU 1";
-    EXPECT_EQ(after, 0) << "the thread's own NPU restored";
-    unsetenv("HOSTREG_DOUBLE_DEVICES");
-}
-
 // fork: the child inherits no lock and no edge; what it registers and unregisters there
 // leaves nothing locked, neighbours of the parent's ranges included.
 TEST_F(Conformance, ForkedChildStartsWithNoEdges) {
@@ -459,6 +430,43 @@ TEST_F(Conformance, CapabilitiesAreEnforced) {
     }
     EXPECT_EQ(hostregBackendCapabilities("nonesuch", &caps), hostregErrorInvalidValue);
     EXPECT_EQ(hostregBackendCapabilities(hostregBackendName(), nullptr), hostregErrorInvalidValue);
+}
+
+// acl: a registration is undone on the NPU it was made for, whatever the unregistering
+// thread's NPU; two NPUs cannot share a page (801); and once the process has registered for
+// two NPUs, Portable (every device) answers 801. Defined last: it makes this process a
+// two-NPU one for the tests after it.
+TEST_F(Conformance, AclUnregistersOnTheDeviceItWasMadeFor) {
+    if (!is("acl") && !is("acl-pin") && !is("acl-v1")) GTEST_SKIP() << "acl only";
+    auto set_device = reinterpret_cast<int (*)(int32_t)>(dlsym(the_double().handle, "aclrtSetDevice"));
+    auto get_device = reinterpret_cast<int (*)(int32_t*)>(dlsym(the_double().handle, "aclrtGetDevice"));
+    setenv("HOSTREG_DOUBLE_DEVICES", "2", 1);
+    Mapping m(8);
+    int reg = -1, unreg = -1, shared = -1;
+    int32_t after = -1;
+    std::thread t1([&] {
+        set_device(1);
+        reg = hostregHostRegister(m.page_at(1) + 100, 2 * page(), 0);  // pages 1..3, edges 1 and 3
+    });
+    t1.join();
+    std::thread t2([&] {
+        set_device(0);
+        shared = hostregHostRegister(m.page_at(3) + 200, page(), 0);  // shares page 3: refused
+        unreg = hostregHostUnregister(m.page_at(1) + 100);
+        get_device(&after);
+    });
+    t2.join();
+    EXPECT_EQ(reg, hostregSuccess);
+    EXPECT_EQ(shared, hostregErrorNotSupported);
+    EXPECT_EQ(unreg, hostregSuccess) << "undone on NPU 1";
+    EXPECT_EQ(after, 0) << "the thread's own NPU restored";
+    std::thread t3([&] {
+        set_device(0);
+        reg = hostregHostRegister(m.page_at(5), page(), HOSTREG_HOST_REGISTER_PORTABLE);
+    });
+    t3.join();
+    EXPECT_EQ(reg, hostregErrorNotSupported) << "Portable after NPUs 0 and 1 were used";
+    unsetenv("HOSTREG_DOUBLE_DEVICES");
 }
 
 }  // namespace

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -209,6 +211,97 @@ torch.npu = types.SimpleNamespace(is_initialized=lambda: True, current_device=la
 print(report(on_new_thread(lambda: hostreg.cudart().cudaHostRegister(addr, 1 << 20, 0))))
 """)
     assert out == ["0 dev=1 ctx0=0"]
+
+
+def test_acl_portable_is_refused_once_the_process_uses_a_second_npu():
+    # CUDA's Portable means every device; AscendCL registers for the calling thread's NPU only
+    # (api_impl.cc: HostRegisterV2 passes CurrentContext()->Device_()). PyTorch's flag 1 works
+    # while the process uses one NPU.
+    out = acl_run("""
+acl.aclrtSetDevice(1)
+b2 = mmap.mmap(-1, 1 << 20); a2 = ctypes.addressof(ctypes.c_char.from_buffer(b2))
+print(int(hostreg.host_register(addr, 1 << 20, 1)), int(hostreg.host_unregister(addr)))  # Portable, one NPU in use
+def on_npu0():
+    acl.aclrtSetDevice(0)
+    return int(hostreg.host_register(a2, 1 << 20, 0))  # now the process uses NPU 0 too
+print(on_new_thread(on_npu0))
+print(int(hostreg.host_register(addr, 1 << 20, 1)), hostreg.last_error().message)
+print(int(hostreg.host_register(addr, 1 << 20, 0)), int(hostreg.host_unregister(addr)))  # without Portable: fine
+print(on_new_thread(lambda: (acl.aclrtSetDevice(0), int(hostreg.host_unregister(a2)))[1]))
+""")
+    assert out[0] == "0 0" and out[1] == "0"
+    code, message = out[2].split(" ", 1)
+    assert code == "801" and "registers for one NPU (this thread's, NPU 1)" in message and "NPU 0 too" in message
+    assert out[3] == "0 0" and out[4] == "0"
+
+
+@pytest.mark.skipif(shutil.which("setarch") is None, reason="needs setarch (util-linux) for the UNAME26 personality")
+def test_acl_is_unavailable_on_kernels_5_10_or_older():
+    # setarch --uname-2.6 gives the process the UNAME26 personality: uname(2) reports a 2.6
+    # kernel. CANN's API docs (aclrtHostRegister / V2, ptr): on kernels 5.10 or older,
+    # registering memory aclrtMallocHost did not allocate causes exceptions.
+    old = ("setarch", platform.machine(), "--uname-2.6")
+    code = "import json, hostreg; from hostreg import _hostreg as h; print(json.dumps([h.probe_backend('acl'), hostreg.backend()]))"
+    r = run_python(code, *old, env=double_env("acl", HOSTREG_BACKEND="auto"))
+    assert r.returncode == 0, r.stderr
+    (rc, detail), active = json.loads(r.stdout)
+    assert rc == 801 and "is 5.10 or older" in detail and "aclrtMallocHost" in detail
+    assert active == "posix", "auto falls back to the OS's page lock"
+    r = run_python(code, env=double_env("acl", HOSTREG_BACKEND="auto"))  # this machine's own kernel
+    assert json.loads(r.stdout)[0][0] == 0 and json.loads(r.stdout)[1] == "acl"
+
+
+# ---- Level Zero: imports made by someone else, a driver that refuses imports -----------------
+#
+# compute-runtime's host_pointer_manager.cpp answers SUCCESS, creating nothing, for a range
+# inside an existing import, and its release frees the import containing the pointer; other
+# users of the driver (SYCL, oneCCL) import too. The double models both, and hands out
+# zexDriverGetHostPointerBaseAddress as driver_handle.cpp does.
+
+ZE_PRELUDE = """
+import ctypes, mmap, os
+import hostreg
+ze = ctypes.CDLL(os.environ["HOSTREG_ZE_LIBRARY"])  # the double hostreg loaded: the same library
+ze.zeInit(0)
+count = ctypes.c_uint32(1); drivers = (ctypes.c_void_p * 1)()
+ze.zeDriverGet(ctypes.byref(count), drivers)
+drv = ctypes.c_void_p(drivers[0])
+def ext(name, *argtypes):
+    fn = ctypes.c_void_p()
+    assert ze.zeDriverGetExtensionFunctionAddress(drv, name.encode(), ctypes.byref(fn)) == 0
+    return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(fn.value)
+import_ = ext("zexDriverImportExternalPointer", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+release = ext("zexDriverReleaseImportedPointer", ctypes.c_void_p, ctypes.c_void_p)
+base_of = ext("zexDriverGetHostPointerBaseAddress", ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+buf = mmap.mmap(-1, 1 << 20); addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+"""
+
+
+def test_ze_refuses_a_range_someone_else_imported_and_leaves_their_import():
+    r = run_python(ZE_PRELUDE + """
+print(import_(drv, addr, 1 << 20))  # another user of the driver (SYCL's prepare_for_device_copy)
+print(int(hostreg.host_register(addr + 8192, 8192)), hostreg.last_error().message)
+b = ctypes.c_void_p(); print(base_of(drv, ctypes.c_void_p(addr + 8192), ctypes.byref(b)), b.value == addr)
+print(release(drv, ctypes.c_void_p(addr)), hostreg.stats().registrations)
+print(int(hostreg.host_register(addr + 8192, 8192)), int(hostreg.host_unregister(addr + 8192)))  # theirs gone: hostreg's own
+""", env=double_env("ze"))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[0] == "0"
+    code, message = out[1].split(" ", 1)
+    assert code == "712" and "already imported into the Level Zero driver by another user" in message
+    assert out[2] == "0 True", "the other user's import is untouched"
+    assert out[3] == "0 0" and out[4] == "0 0"
+
+
+def test_ze_driver_that_refuses_imports_is_unavailable():
+    # compute-runtime with EnableHostPointerImport=0 still hands out the zex functions
+    # (extension_function_address.cpp) but every import answers UNSUPPORTED_FEATURE.
+    p = probe(double_env("ze", HOSTREG_DOUBLE_ZE_NO_IMPORT="1"))
+    code, detail = p["probe"]["ze"]
+    assert code == 801 and "refuses it" in detail and "EnableHostPointerImport=0" in detail
+    rc, d = doctor(double_env("ze", HOSTREG_DOUBLE_ZE_NO_IMPORT="1", HOSTREG_BACKEND="auto"))
+    assert d["active"] == "posix"
 
 
 def test_acl_codes_reach_callers_as_cudas_with_native_kept():
