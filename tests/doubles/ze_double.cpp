@@ -11,9 +11,11 @@
 //   level_zero/include/level_zero/driver_experimental/zex_driver.h   the zex* prototypes
 //   level_zero/api/driver_experimental/public/zex_driver.cpp         their entry points
 //   level_zero/core/source/driver/driver_handle.cpp                  importExternalPointer /
-//       releaseImportedPointer: no host pointer manager (EnableHostPointerImport=0) ->
-//       ZE_RESULT_ERROR_UNSUPPORTED_FEATURE; release of an unknown pointer ->
-//       ZE_RESULT_ERROR_INVALID_ARGUMENT
+//       releaseImportedPointer / getHostPointerBaseAddress: no host pointer manager
+//       (EnableHostPointerImport=0: the functions are still handed out,
+//       extension_function_address.cpp) -> ZE_RESULT_ERROR_UNSUPPORTED_FEATURE; release of,
+//       or the base address of, a pointer in no import -> ZE_RESULT_ERROR_INVALID_ARGUMENT;
+//       the base address of a pointer inside an import -> that import's base
 //   level_zero/core/source/driver/host_pointer_manager.cpp           the import itself
 //       (createHostPointerMultiAllocation, in its order): NULL or size 0 -> INVALID_ARGUMENT;
 //       first and last byte inside one imported range -> SUCCESS (re-import, or any part of an
