@@ -252,16 +252,36 @@ Status acl_share(void* ptr, size_t /*bytes*/, const Piece& piece) {
                              "ranges registered for different NPUs to 4 KiB)");
 }
 
+// Undone on the NPU it was made for (HostUnregister acts for the current context's device).
+// A thread on another NPU switches there for the call and back exactly: its context saved
+// and restored with aclrtGetCurrentContext / aclrtSetCurrentContext (aclrtSetDevice back
+// would replace a context the user set with the primary one, and retain that one again).
+// The switch's own aclrtSetDevice retains the registration's primary context once
+// (src/runtime/core/src/runtime.cc, PrimaryContextRetain); it is not given back:
+// aclrtResetDevice "frees resources on the device, including the default context, the
+// default stream" and one call suffices after many aclrtSetDevice (acl_rt.h), so it could
+// tear down the user's own context. A thread that had no context keeps the registration's
+// NPU current: AscendCL has no "no context" to restore (aclrtSetCurrentContext refuses NULL,
+// src/acl/aclrt_impl/context.cpp).
 Status acl_unregister(void* ptr, size_t /*bytes*/, const Piece& piece) {
     Api& api = acl().api;
     const int32_t owner = device_of(piece);
     int32_t current = -1;
     const bool had_context = api.aclrtGetDevice(&current) == kSuccess;
-    if (!had_context || current != owner) {  // undone on its own device
-        if (aclError r = api.aclrtSetDevice(owner)) return failure(api, "aclrtSetDevice", r);
+    if (had_context && current == owner) {
+        if (aclError r = api.aclrtHostUnregister(ptr)) return failure(api, "aclrtHostUnregister", r);
+        return Status::ok();
     }
+    aclrtContext saved = nullptr;
+    const bool exact = had_context && api.aclrtGetCurrentContext && api.aclrtSetCurrentContext &&
+                       api.aclrtGetCurrentContext(&saved) == kSuccess && saved != nullptr;
+    if (aclError r = api.aclrtSetDevice(owner)) return failure(api, "aclrtSetDevice", r);
     const aclError r = api.aclrtHostUnregister(ptr);
-    if (had_context && current != owner) api.aclrtSetDevice(current);  // the thread's device back
+    if (exact) {
+        api.aclrtSetCurrentContext(saved);
+    } else if (had_context) {
+        api.aclrtSetDevice(current);  // a runtime without the context calls: the thread's NPU back
+    }
     if (r) return failure(api, "aclrtHostUnregister", r);
     return Status::ok();
 }

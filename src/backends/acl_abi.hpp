@@ -11,6 +11,7 @@ namespace hostreg::acl_abi {
 
 using aclError = int;
 using aclrtHostRegisterType = int;  // enum aclrtHostRegisterType
+using aclrtContext = void*;  // typedef void *aclrtContext (acl_base_rt.h)
 
 // Constants carry the vendor's name in a comment (the vendor's own names are macros in its
 // headers, which tests/real includes beside this file).
@@ -52,6 +53,8 @@ constexpr aclError kErrorHostMemoryNotRegistered = 507911;  // ACL_ERROR_HOST_ME
     REQUIRED(aclGetRecentErrMsg, const char*, (void))                                 \
     OPTIONAL(aclrtHostRegisterV2, aclError, (void*, uint64_t, uint32_t))              \
     OPTIONAL(aclrtHostGetDevicePointer, aclError, (void*, void**, uint32_t))          \
-    OPTIONAL(aclrtGetVersion, aclError, (int32_t*, int32_t*, int32_t*))
+    OPTIONAL(aclrtGetVersion, aclError, (int32_t*, int32_t*, int32_t*))              \
+    OPTIONAL(aclrtGetCurrentContext, aclError, (aclrtContext*))                       \
+    OPTIONAL(aclrtSetCurrentContext, aclError, (aclrtContext))
 
 }  // namespace hostreg::acl_abi

@@ -230,6 +230,36 @@ HRD_EXPORT aclError aclrtResetDevice(int32_t device) {
     return ACL_SUCCESS;
 }
 
+// Contexts: the double models each device's primary (default) context only, its address the
+// handle. src/acl/aclrt_impl/context.cpp: aclrtGetCurrentContext answers the runtime's error
+// on a thread without one (here 107002), aclrtSetCurrentContext refuses NULL (100000); the
+// acl_rt.h restriction "the device ... has been reset: you cannot set the context" is 107000
+// here. Setting a context takes no retain (SetDevice does: runtime.cc, PrimaryContextRetain).
+char g_primary[kMaxDevices];
+
+HRD_EXPORT aclError aclrtGetCurrentContext(void** context) {
+    HRD_RECORD_CALL();
+    if (!context) return fail(ACL_ERROR_INVALID_PARAM, __func__, "NULL context");
+    if (!has_context()) return fail(ACL_ERROR_RT_CONTEXT_NULL, __func__, "this thread has no current context");
+    *context = &g_primary[t_device];
+    return ACL_SUCCESS;
+}
+
+HRD_EXPORT aclError aclrtSetCurrentContext(void* context) {
+    HRD_RECORD_CALL();
+    if (!context) return fail(ACL_ERROR_INVALID_PARAM, __func__, "context is NULL");
+    const auto at = static_cast<char*>(context) - g_primary;
+    if (at < 0 || at >= kMaxDevices || !valid_device(static_cast<int32_t>(at)))
+        return fail(ACL_ERROR_RT_PARAM_INVALID, __func__, "%p is not a context", context);
+    {
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (!g_initialized || g_device_refs[at] == 0)
+            return fail(ACL_ERROR_RT_PARAM_INVALID, __func__, "the device of context %p has been reset", context);
+    }
+    t_device = static_cast<int>(at);
+    return ACL_SUCCESS;
+}
+
 HRD_EXPORT aclError aclrtGetDevice(int32_t* device) {
     HRD_RECORD_CALL();
     if (!device) return fail(ACL_ERROR_INVALID_PARAM, __func__, "NULL device");

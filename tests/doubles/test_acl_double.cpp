@@ -9,7 +9,8 @@ const std::vector<std::string> kAclV1Symbols = {
     "aclInit", "aclFinalize", "aclrtSetDevice", "aclrtResetDevice", "aclrtGetDevice",
     "aclrtGetDeviceCount", "aclrtHostRegister", "aclrtHostGetDevicePointer",
     "aclrtHostUnregister", "aclGetRecentErrMsg", "aclrtGetVersion", "hostreg_double_acl_pinned_records",
-    "hostreg_double_acl_device_of", "hostreg_double_acl_context_refs"};
+    "hostreg_double_acl_device_of", "hostreg_double_acl_context_refs", "aclrtGetCurrentContext",
+    "aclrtSetCurrentContext"};
 
 TEST(DoubleExports, AclWithV2) {
     std::vector<std::string> symbols = kAclV1Symbols;
@@ -76,6 +77,26 @@ protected:
     }
     int (*aclrtHostRegisterV2)(void*, uint64_t, uint32_t) = nullptr;
 };
+
+// Rule: a thread's current context is its device's primary one; Get answers 107002 without
+// one, Set refuses NULL (100000) and a reset device's context, and takes no retain.
+TEST_F(AclDouble, CurrentContextGetAndSet) {
+    auto get = reinterpret_cast<int (*)(void**)>(lib_->sym("aclrtGetCurrentContext"));
+    auto set = reinterpret_cast<int (*)(void*)>(lib_->sym("aclrtSetCurrentContext"));
+    auto refs = reinterpret_cast<int (*)(int)>(lib_->sym("hostreg_double_acl_context_refs"));
+    ASSERT_TRUE(get && set && refs);
+    void* ctx = nullptr;
+    EXPECT_EQ(get(&ctx), 107002);
+    ASSERT_NO_FATAL_FAILURE(init_and_set());
+    ASSERT_EQ(get(&ctx), 0);
+    EXPECT_NE(ctx, nullptr);
+    EXPECT_EQ(set(nullptr), 100000);
+    EXPECT_EQ(refs(0), 1);
+    EXPECT_EQ(set(ctx), 0);
+    EXPECT_EQ(refs(0), 1) << "setting a context takes no retain";
+    ASSERT_EQ(aclrtResetDevice(0), 0);
+    EXPECT_EQ(set(ctx), 107000) << "the device was reset";
+}
 
 // Rule: aclInit answers 0 the first time and 100002 after; aclFinalize undoes it.
 TEST_F(AclDouble, InitOnceThenRepeatInitialize) {

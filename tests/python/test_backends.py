@@ -213,6 +213,24 @@ print(report(on_new_thread(lambda: hostreg.cudart().cudaHostRegister(addr, 1 << 
     assert out == ["0 dev=1 ctx0=0"]
 
 
+def test_acl_unregister_on_another_npu_restores_the_threads_context_without_a_retain():
+    # The registration is for NPU 0; the unregistering thread is on NPU 1. AscendCL undoes it
+    # for the current context's device, so hostreg switches to NPU 0 and back: back with
+    # aclrtSetCurrentContext (aclrtSetDevice would retain NPU 1's primary context again each
+    # time: runtime.cc, PrimaryContextRetain).
+    out = acl_run("""
+hostreg.set_default_device(0)
+print(int(on_new_thread(lambda: hostreg.host_register(addr, 1 << 20))))
+acl.aclrtSetDevice(1)
+ctx = ctypes.c_void_p(); acl.aclrtGetCurrentContext(ctypes.byref(ctx)); before = ctx.value
+refs = acl.hostreg_double_acl_context_refs(1)
+print(int(hostreg.host_unregister(addr)), acl.hostreg_double_acl_device_of(ctypes.c_void_p(addr)))
+acl.aclrtGetCurrentContext(ctypes.byref(ctx))
+print(ctx.value == before, acl.hostreg_double_acl_context_refs(1) - refs)
+""")
+    assert out == ["0", "0 -1", "True 0"], "undone on NPU 0; NPU 1's context back, not retained again"
+
+
 def test_acl_portable_is_refused_once_the_process_uses_a_second_npu():
     # CUDA's Portable means every device; AscendCL registers for the calling thread's NPU only
     # (api_impl.cc: HostRegisterV2 passes CurrentContext()->Device_()). PyTorch's flag 1 works
