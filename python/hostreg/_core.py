@@ -196,9 +196,11 @@ def note_caller_device() -> None:
     """Tells the C core this process's device from the calling thread, once it can: the
     thread's current device context (its runtime's answer), else, where torch_npu is loaded
     and initialised, ``torch.npu.current_device()`` (torch_npu's own choice for a thread
-    without a context). Called by hostreg's entry points on the caller's thread (the drop-in's
-    install and cudaHostRegister, Stager), so that registrations made later on staging threads
-    are for the device the process uses (:func:`set_default_device`). Never raises."""
+    without a context). Called where hostreg is about to register anyway (``Stager.stage()`` on
+    the caller's thread, the drop-in's ``cudaHostRegister``), never at import or install time:
+    it selects and initialises the backend's runtime, which must not come before the user's
+    own (torch_npu's ``aclInit``). So registrations made later on staging threads are for the
+    device the process uses (:func:`set_default_device`). Never raises."""
     global _device_noted
     if _device_noted:
         return

@@ -103,7 +103,6 @@ class Stager:
     ) -> None:
         if max_buffers < 1:
             raise ValueError(f"max_buffers must be >= 1, got {max_buffers}")
-        _core.note_caller_device()  # the staging thread registers for the caller's device (AscendCL)
         if async_staging and not _async_save_takes_futures():
             raise ValueError(f"async_staging needs a torch whose dcp.async_save takes a Future (AsyncSaveResponse); torch {torch.__version__} has none")
         self.pin_memory = pin_memory
@@ -144,7 +143,9 @@ class Stager:
             raise TypeError(f"state_dict must be a dict, not {type(state_dict).__name__}")
         if self._closed:
             raise RuntimeError("Stager.stage() after close()")
-        _core.note_caller_device()  # until known: the device may be set after the Stager was made
+        # On the caller's thread, at save time (the runtime and its device are set up by then):
+        # the staging thread registers for the caller's device (AscendCL's contexts are per thread).
+        _core.note_caller_device()
         if not self.async_staging:
             return self._stage_now(state_dict, None)
         ready = None

@@ -77,9 +77,6 @@ def install() -> None:
     global _original
     if _original is not None:
         return
-    from . import _core
-
-    _core.note_caller_device()  # the caller's device, for registrations later made on staging threads
     cuda = _cuda_module()
     original = cuda.cudart
     wrapper = _wrap(original)
