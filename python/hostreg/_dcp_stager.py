@@ -112,7 +112,13 @@ class Stager:
         self._pool: list[_Buffer] = []
         self._closed = False  # no new stage()
         self._released = False  # the arenas are gone
-        self._lock = threading.Lock()  # stage() and close() from several threads take turns
+        # Two locks, so that an async stage() never waits for the worker: _submit guards the
+        # executor and the last future (held for microseconds by stage() and close()); _pool
+        # guards the buffers (held by whoever stages: the worker in async mode, the caller in
+        # sync mode, for the whole wait and copy).
+        self._submit = threading.Lock()
+        self._pool_lock = threading.Lock()
+        self._worker: int | None = None  # the staging thread's ident (async mode)
         self.arenas_created = 0  #: how many arenas this stager has made (for tests, benchmarks)
         self.async_staging = async_staging
         self._executor: ThreadPoolExecutor | None = None
@@ -123,7 +129,7 @@ class Stager:
             # the caller until it runs.
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hostreg-stager")
             try:
-                self._executor.submit(int).result()
+                self._worker = self._executor.submit(threading.get_ident).result()
             except RuntimeError as e:  # no thread to be had (a thread limit)
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 raise StagingError(f"cannot start the staging thread: {e}") from e
@@ -152,11 +158,12 @@ class Stager:
         if self._stream is not None:  # the copies start after the work queued so far
             ready = torch.Event()
             ready.record()
-        with self._lock:
+        with self._submit:  # never the pool's lock: the worker may hold that for seconds
             if self._closed:
                 raise RuntimeError("Stager.stage() after close()")
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hostreg-stager")
+                self._worker = None  # learned by the first task below
             try:
                 future = self._executor.submit(self._stage_now, state_dict, ready)
             except RuntimeError as e:  # no thread to be had (a thread limit): nothing was staged
@@ -173,7 +180,9 @@ class Stager:
         return future
 
     def _stage_now(self, state_dict: dict[str, Any], ready: Any) -> dict[str, Any]:
-        with self._lock:
+        if self.async_staging and self._worker is None:
+            self._worker = threading.get_ident()
+        with self._pool_lock:
             if self._released:
                 raise RuntimeError("Stager.stage() after close()")
             layout, tensors, values = layout_of(state_dict)
@@ -191,16 +200,19 @@ class Stager:
             future.result()
 
     def close(self) -> None:
-        """Wait for staging in progress, then unregister and release every arena. Idempotent.
-        A staging still waiting for a free buffer then fails (``RuntimeError``, on its future in
-        async mode). Tensors still held elsewhere stay valid (no longer page-locked) until
-        they are gone."""
+        """Wait for staging in progress, then unregister and release every arena. Idempotent,
+        and callable from any thread, the staging thread's own included (a future's
+        done-callback runs there): then the staging that just finished is the one in progress,
+        and stagings still queued behind it fail with ``RuntimeError`` on their futures. A
+        staging still waiting for a free buffer fails the same way. Tensors still held
+        elsewhere stay valid (no longer page-locked) until they are gone."""
         self._closed = True  # no stage() from here on; a staging waiting for a buffer gives up
-        with self._lock:  # what was submitted and is copying still runs to the end
+        with self._submit:  # what was submitted and is copying still runs to the end
             executor, self._executor = self._executor, None
+        on_worker = self._worker is not None and threading.get_ident() == self._worker
         if executor is not None:
-            executor.shutdown(wait=True)
-        with self._lock:
+            executor.shutdown(wait=not on_worker)  # a thread cannot wait for itself
+        with self._pool_lock:
             self._future = None
             for b in self._pool:
                 b.close()
@@ -246,6 +258,12 @@ class Stager:
 
 
 def _settle(done: Future, f: Future) -> None:
+    """Completes ``done`` as staging future ``f`` ended: a cancelled stage (never staged)
+    cancels it, so that synchronize_staging() raises CancelledError as DCP's DefaultStager's
+    does (``Future.exception()`` would raise inside this callback and leave ``done`` pending)."""
+    if f.cancelled():
+        done.cancel()
+        return
     err = f.exception()
     if err is not None:
         done.set_exception(err)

@@ -293,6 +293,93 @@ def test_close_ends_a_staging_waiting_for_a_buffer():
     gc.collect()
 
 
+def _busy_stager() -> tuple[ht.Stager, dict]:
+    """An async stager with one buffer, held busy by a staged dict the caller keeps: the next
+    stage() waits on the worker for that buffer."""
+    stager = ht.Stager(async_staging=True, max_buffers=1, wait_timeout_s=30)
+    held = stager.stage({"w": torch.ones(1 << 16)}).result(timeout=60)
+    return stager, held
+
+
+def test_async_stage_returns_at_once_while_the_worker_waits_for_a_buffer():
+    stager, held = _busy_stager()
+    try:
+        waiting = stager.stage({"w": torch.zeros(1 << 16)})  # the worker now waits for the buffer
+        time.sleep(0.2)
+        assert not waiting.done()
+        t0 = time.monotonic()
+        queued = stager.stage({"w": torch.full((1 << 16,), 2.0)})
+        blocked = time.monotonic() - t0
+        # The worker holds the buffers for up to wait_timeout_s (30 s); stage() must not wait for it.
+        assert blocked < 1.0, f"stage() blocked {blocked:.2f} s behind the worker"
+        del held
+        gc.collect()
+        assert torch.equal(waiting.result(timeout=60)["w"], torch.zeros(1 << 16))
+    finally:
+        stager.close()
+    with pytest.raises(RuntimeError):  # its buffer stayed busy (waiting's result) until close()
+        queued.result(timeout=60)
+
+
+def test_a_cancelled_stage_is_never_staged_and_synchronize_raises_cancelled():
+    from concurrent.futures import CancelledError
+
+    stager, held = _busy_stager()
+    try:
+        waiting = stager.stage({"w": torch.zeros(1 << 16)})
+        queued = stager.stage({"w": torch.full((1 << 16,), 3.0)})
+        assert queued.cancel(), "still queued behind the waiting one"
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(_raises(stager.synchronize_staging)), daemon=True)
+        t.start()
+        t.join(timeout=30)
+        assert not t.is_alive(), "synchronize_staging() hung on a cancelled stage"
+        assert got and isinstance(got[0], CancelledError)
+        del held
+        gc.collect()
+        waiting.result(timeout=60)
+        assert stager.arenas_created == 1
+    finally:
+        stager.close()
+
+
+def _raises(fn) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001 -- the test looks at which
+        return e
+    return None
+
+
+def test_close_from_a_done_callback_on_the_staging_thread():
+    stager, held = _busy_stager()
+    errors: list = []
+    where: list = []
+
+    def close_now(_f: Future) -> None:
+        where.append(threading.current_thread().name)
+        errors.append(_raises(stager.close))
+
+    try:
+        fut = stager.stage({"w": torch.zeros(1 << 16)})
+        fut.add_done_callback(close_now)  # runs on the worker: the future is not done yet
+        del held
+        gc.collect()
+        fut.result(timeout=60)
+        deadline = time.monotonic() + 30
+        while not errors and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert where and where[0].startswith("hostreg-stager")
+        assert errors == [None], errors
+        assert hostreg.stats().registrations == 0, "close() released the arena"
+        with pytest.raises(RuntimeError, match="after close"):
+            stager.stage({"w": torch.ones(3)})
+    finally:
+        stager.close()  # again, from the caller: idempotent
+    del fut
+    gc.collect()
+
+
 def test_async_staging_without_a_thread_raises_staging_error(monkeypatch):
     def refuse(self):
         raise RuntimeError("can't start new thread")
