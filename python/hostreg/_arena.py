@@ -50,6 +50,11 @@ class Arena:
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         self.nbytes = nbytes
+        if nbytes >= 1 << 64:  # no size_t holds it: the same failure the C core gives a size it cannot map
+            raise StagingError(
+                f"cannot stage {nbytes:,} bytes of staging memory: cudaErrorMemoryAllocation (2): more than a "
+                "64-bit address space holds (2**64 bytes)"
+            )
         code, created = _hostreg.staging_buffer_create(max(nbytes, 1), share, pin, int(flags), max_chunk_bytes)
         buf: Any = created  # a _hostreg.StagingBuffer (or None with a failure code)
         if code != 0:

@@ -15,20 +15,33 @@ import argparse
 import os
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
+
+
+def _console(stderr: bool = False) -> Any:
+    """A rich Console whose closed pipe (``hostreg doctor | head``) ends its output quietly:
+    rich's own exits 1 there (``Console.on_broken_pipe``), hiding the command's verdict."""
+    from rich.console import Console
+
+    class QuietOnClosedPipe(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more is written
+            stream = sys.stderr if stderr else sys.stdout
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # nor at exit
+
+    return QuietOnClosedPipe(stderr=stderr)
 
 
 def _stage(args: argparse.Namespace) -> int:
     import contextlib
 
-    from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from . import models, stage_check
 
-    out = Console()
-    err = Console(stderr=True)
+    out = _console()
+    err = _console(stderr=True)
     show = err.is_terminal if args.progress is None else args.progress
     bar = (
         Progress(TextColumn("{task.description:>8}"), BarColumn(), DownloadColumn(binary_units=True),
@@ -110,7 +123,6 @@ def _stage(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     import json
 
-    from rich.console import Console
     from rich.table import Table
 
     from . import doctor
@@ -121,13 +133,16 @@ def _doctor(args: argparse.Namespace) -> int:
     d = doctor.diagnose(args.bytes)
     problems = doctor.verdict(d)
     if args.json:
-        print(json.dumps(doctor.to_json(d), indent=2))
+        try:
+            print(json.dumps(doctor.to_json(d), indent=2), flush=True)
+        except BrokenPipeError:  # the reader left: the verdict stands
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1 if problems else 0
 
     def size(n: int | None) -> str:
         return "unlimited" if n is None else f"{n:,} bytes ({n / 2**30:.2f} GiB)"
 
-    out = Console()
+    out = _console()
     backends = Table(title="hostreg doctor: backends (HOSTREG_BACKEND=auto tries them in this order)")
     for col in ("backend", "available", "library", "version", "capabilities / reason"):
         backends.add_column(col, overflow="fold")

@@ -138,7 +138,8 @@ def _verify(
 ) -> tuple[list[str], int, int]:
     """Compare the staged copy with its source; returns (problems, pinned tensors, pinned bytes).
 
-    Pinned tensors: PyTorch's path registers every tensor except 0-d and empty ones, each as
+    Pinned bytes are the unique bytes of the pinned tensors (tied weights and views counted
+    once). Pinned tensors: PyTorch's path registers every tensor except 0-d and empty ones, each as
     its own registration; hostreg's registers every non-empty tensor inside one arena (one
     registration, or consecutive chunks where a runtime or HOSTREG_MAX_REGISTRATION caps one).
     """
@@ -148,7 +149,8 @@ def _verify(
     if src.keys() != dst.keys():
         problems.append("the staged copy has other keys than the source")
     total = sum(t.numel() * t.element_size() for t in src.values())
-    done = pinned = staged_bytes = 0
+    done = pinned = 0
+    spans: list[tuple[int, int]] = []  # [start, end) of every staged tensor's bytes
     for key, s in src.items():
         d = dst.get(key)
         if d is None:
@@ -166,7 +168,7 @@ def _verify(
         if nbytes == 0:
             continue
         pinned += 1
-        staged_bytes += nbytes
+        spans.append((d.data_ptr(), d.data_ptr() + nbytes))
         reg = _core.registration(d.data_ptr())
         if engine == "torch":
             whole = reg is not None and reg.base == d.data_ptr() and reg.nbytes == nbytes
@@ -178,7 +180,18 @@ def _verify(
             whole = reg is not None
         if not whole:
             problems.append(f"{key}: staged tensor is not registered as a whole")
-    return problems, pinned, staged_bytes
+    return problems, pinned, _union(spans)
+
+
+def _union(spans: list[tuple[int, int]]) -> int:
+    """Bytes covered by the [start, end) spans, each byte once (tied weights and views share
+    their bytes)."""
+    covered = end = 0
+    for a, b in sorted(spans):
+        if b > end:
+            covered += b - max(a, end)
+            end = b
+    return covered
 
 
 def _create_and_copy(state_dict: dict[str, Any], engine: str, progress: Progress) -> tuple[Any, float, float]:

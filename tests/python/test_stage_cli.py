@@ -187,3 +187,18 @@ def test_disk_ceiling_measures_and_leaves_nothing(tmp_path: Path, monkeypatch, w
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError):
         _ceiling.measure(tmp_path, 0)
+
+
+@pytest.mark.parametrize("engine", ["hostreg", "torch"])
+def test_tied_weights_and_views_count_their_bytes_once(tmp_path: Path, engine: str):
+    w = torch.randn(64, 1000)  # 256,000 bytes
+    sd = {"emb": w, "head": w, "rows": w[10:20], "bias": torch.zeros(16)}  # tied, a view, one of its own
+    torch.save(sd, tmp_path / "tied.pt")
+    r = stage("--checkpoint", str(tmp_path / "tied.pt"), "--engine", engine)
+    assert r.returncode == 0, r.stderr
+    staged = int(row(r.stdout, "bytes staged").split()[0].replace(",", ""))
+    if engine == "hostreg":
+        assert staged == 256_000 + 64, "the shared bytes once, and the bias"
+    else:  # PyTorch's _create_cpu_state_dict copies each tensor on its own
+        assert staged == 2 * 256_000 + 40_000 + 64
+    assert row(r.stdout, "values verified") == "yes"

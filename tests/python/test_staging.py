@@ -662,3 +662,12 @@ def test_file_system_sharing_strategy_does_not_move_a_staged_dict():
     r = run_python(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "1", "1", "0"]
+
+
+@pytest.mark.parametrize("count", [2**61, 2**62, 3 * 2**61], ids=["2**63-bytes", "2**64-bytes", "1.5*2**64-bytes"])
+def test_a_state_dict_beyond_the_address_space_is_a_staging_error(count: int):
+    # An expanded tensor stages its full size (its own span, values resolved): 4 * count bytes.
+    sd = {"x": torch.ones(1).expand(count)}
+    with pytest.raises(hostreg.StagingError, match=r"cannot stage [\d,]+ bytes of staging memory: cudaErrorMemoryAllocation \(2\)"):
+        ht.create_cpu_state_dict(sd)
+    assert hostreg.stats().registrations == 0
