@@ -53,6 +53,12 @@ HOSTREG_API int hostregSharedMemoryCreate(size_t bytes, int* fd);
  * directory, the reason in hostregGetLastError (*dir then holds the value given). */
 HOSTREG_API int hostregSharedMemoryDirectory(const char** dir);
 
+/* HOSTREG_MAX_REGISTRATION as staging reads it: stores the most bytes one registration of a
+ * chunked registration may span in *bytes (SIZE_MAX when unset; may be NULL) and returns 0, or
+ * 1 when it is set to anything but a positive decimal number of bytes, which makes every
+ * chunked registration (every arena) fail, the reason in hostregGetLastError. */
+HOSTREG_API int hostregMaxRegistration(size_t* bytes);
+
 /* Allocates and maps every page of [ptr, ptr + bytes) inside the kernel, with several
  * threads, without changing a byte (MADV_POPULATE_WRITE, Linux 5.14; skipped on older
  * kernels). Afterwards no write to the range can fault for lack of memory: a full /dev/shm

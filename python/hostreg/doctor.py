@@ -43,6 +43,7 @@ class Diagnosis:
     cap_ipc_lock: bool
     shm_dir: str  #: where staging memory is made: HOSTREG_SHM_DIR, else /dev/shm
     shm_dir_problem: str  #: why HOSTREG_SHM_DIR cannot be used ("" when it can)
+    settings_problems: list[str]  #: other HOSTREG_* settings that would make staging fail, in staging's own words
     shm_bytes: int | None  #: size of shm_dir's filesystem, None if absent
     shm_free_bytes: int | None
     nofile: int  #: RLIMIT_NOFILE soft limit
@@ -103,6 +104,8 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
     shm_free: int | None
     code, shm_dir = _hostreg.shared_memory_directory()  # the one staging will use, checked as staging checks it
     shm_problem = _hostreg.last_error()[2] if code else ""
+    code, _ = _hostreg.max_registration()  # read by the parser staging uses
+    settings_problems = [_hostreg.last_error()[2]] if code else []
     try:
         st = os.statvfs(shm_dir)
         shm, shm_free = st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail
@@ -119,6 +122,7 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
         cap_ipc_lock=allowance[1],
         shm_dir=shm_dir,
         shm_dir_problem=shm_problem,
+        settings_problems=settings_problems,
         shm_bytes=shm,
         shm_free_bytes=shm_free,
         nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
@@ -169,6 +173,7 @@ def verdict(d: Diagnosis) -> list[str]:
             "with cudaErrorMemoryAllocation; run `ulimit -l unlimited` (docker: --ulimit memlock=-1) or "
             "grant CAP_IPC_LOCK"
         )
+    problems += d.settings_problems
     if d.shm_dir_problem:
         problems.append(d.shm_dir_problem)
     elif d.shm_free_bytes is not None and d.shm_free_bytes < need:

@@ -34,6 +34,13 @@ extern "C" {
 
 int hostregSharedMemoryCreate(size_t bytes, int* fd) { return record(hostreg::create_shared_memory(bytes, fd), __func__); }
 
+int hostregMaxRegistration(size_t* bytes) {
+    size_t got = SIZE_MAX;
+    Status s = hostreg::max_registration_override(&got);
+    if (bytes) *bytes = got;
+    return record(s, __func__);
+}
+
 int hostregSharedMemoryDirectory(const char** dir) {
     static std::string text;  // one value per process (the environment is read once per call)
     static std::mutex mu;

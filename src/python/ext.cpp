@@ -460,6 +460,15 @@ NB_MODULE(_hostreg, m) {
         },
         "hostregSharedMemoryDirectory: (cudaError number, directory staging memory is made in).");
     m.def(
+        "max_registration",
+        []() {
+            size_t bytes = 0;
+            int code = hostregMaxRegistration(&bytes);
+            raise_pending();
+            return std::make_tuple(code, bytes == SIZE_MAX ? std::optional<size_t>() : std::optional<size_t>(bytes));
+        },
+        "hostregMaxRegistration: (cudaError number, HOSTREG_MAX_REGISTRATION in bytes or None when unset).");
+    m.def(
         "prepare_memory",
         [](uintptr_t ptr, size_t nbytes, int fd) {
             int code;

@@ -397,3 +397,14 @@ def test_doctor_counts_whole_pages_and_refuses_bad_sizes():
     assert r.returncode == 1 and "in whole pages" in json.loads(r.stdout)["problems"][0]
     r = subprocess.run([HOSTREG, "doctor", "--bytes", "-5"], capture_output=True, text=True)
     assert r.returncode == 2 and "--bytes must be > 0" in r.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "12x"])
+def test_doctor_reports_an_invalid_max_registration_as_staging_does(value: str):
+    env = {"HOSTREG_BACKEND": "posix", "HOSTREG_MAX_REGISTRATION": value}
+    rc, d = doctor(env)
+    assert rc == 1 and any(f"HOSTREG_MAX_REGISTRATION={value} is not a positive number of bytes" in p for p in d["problems"])
+    r = subprocess.run([HOSTREG, "stage", "--model", "tiny"], capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+    assert r.returncode == 1 and f"HOSTREG_MAX_REGISTRATION={value}" in r.stderr  # the same words, the same verdict
+    rc, d = doctor({**env, "HOSTREG_MAX_REGISTRATION": "1048576"})
+    assert rc == 0
