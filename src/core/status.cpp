@@ -90,8 +90,14 @@ std::mutex g_set;  // setters take turns (events never take it)
 
 // One event to the handler, or to stderr when none is set and HOSTREG_LOG_LEVEL asks for it.
 void emit(LogLevel level, const char* call, int code, long long native, const std::string& message) {
-    if (const Handler* h = g_handler.load(std::memory_order_acquire); h && h->fn)
-        return h->fn(h->context, static_cast<int>(level), call, code, native, message.c_str());
+    if (const Handler* h = g_handler.load(std::memory_order_acquire); h && h->fn) {
+        // The handler may call hostreg itself (a lookup that answers "none" sets the last
+        // error): the failure being reported stays this thread's last error.
+        const Status saved = t_last;
+        h->fn(h->context, static_cast<int>(level), call, code, native, message.c_str());
+        t_last = saved;
+        return;
+    }
     if (level < threshold()) return;
     static const char* const kNames[] = {"debug", "info", "warning"};
     std::string line = std::string("hostreg ") + kNames[static_cast<int>(level)] + ": ";

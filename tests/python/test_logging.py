@@ -142,3 +142,23 @@ def test_an_unknown_log_level_is_said_not_silently_ignored():
     r = run_python("import hostreg; print(hostreg.backend())", env={"HOSTREG_LOG_LEVEL": "loud"})
     assert r.returncode == 0 and r.stdout.strip() == "posix"
     assert r.stderr == "hostreg: HOSTREG_LOG_LEVEL='loud' is not debug, info or warning; ignored\n"
+
+
+def test_a_handler_that_calls_hostreg_cannot_change_the_reported_cause():
+    # The handler runs while the failure is being reported; its own hostreg call (a lookup of
+    # an unregistered pointer: 713) must not become the cause the StagingError names.
+    src = """
+import logging, hostreg, hostreg.torch as ht, torch
+class Meddling(logging.Handler):
+    def emit(self, record):
+        hostreg.host_unregister(4096)
+        hostreg.registration(4096)
+log = logging.getLogger("hostreg"); log.addHandler(Meddling()); log.setLevel(logging.DEBUG)
+try:
+    ht.create_cpu_state_dict({"w": torch.ones(1 << 20)})
+except hostreg.StagingError as e:
+    print(str(e).replace(chr(10), " "))
+"""
+    r = run_python(src, *low_memlock(64), env={"HOSTREG_BACKEND": "posix"})
+    assert r.returncode == 0, r.stderr
+    assert "RLIMIT_MEMLOCK" in r.stdout and "not registered" not in r.stdout, r.stdout
