@@ -10,8 +10,10 @@ so copy engines see no misaligned starts), in the order their first tensor appea
 
 A DTensor (FSDP2, tensor parallel) is staged by its local shard; a conjugate or negative view,
 or a view whose elements alias one another (an expanded tensor), gets a contiguous span of
-its own (its values resolved), so that ``Tensor.copy_`` can write it. Empty tensors take no
-bytes.
+its own (its values resolved), so that ``Tensor.copy_`` can write it. So does a meta tensor
+(deferred init): meta tensors have no storage to tell apart, and each gets bytes of its own,
+as with PyTorch's ``_create_cpu_state_dict``; copying *from* one raises torch's own
+``NotImplementedError`` ("no data"). Empty tensors take no bytes.
 """
 
 from __future__ import annotations
@@ -109,10 +111,12 @@ def group(locals_: list[torch.Tensor]) -> Grouping:
             first.append(0)
             own.append(False)
             continue
-        a, b = touched(t)
-        if t.is_conj() or t.is_neg() or b - a < t.numel() * t.element_size():
-            # A conjugate or negative view, or elements that alias one another (an expanded
-            # tensor): a contiguous tensor of its values, in a span of its own.
+        a, b = (0, 0) if t.is_meta else touched(t)
+        if t.is_meta or t.is_conj() or t.is_neg() or b - a < t.numel() * t.element_size():
+            # A meta tensor (no storage: every one reports address 0, so they cannot be told
+            # apart by storage; as PyTorch's _create_cpu_state_dict, each gets bytes of its
+            # own), a conjugate or negative view, or elements that alias one another (an
+            # expanded tensor): a contiguous tensor of its values, in a span of its own.
             index[("own", len(grp))] = g = len(lo)
             lo.append(0)
             hi.append(t.numel() * t.element_size())

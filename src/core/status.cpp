@@ -46,7 +46,7 @@ LogLevel threshold() {
         if (v == "info") return LogLevel::Info;
         if (v == "warning" || v == "warn") return LogLevel::Warning;
         if (!v.empty())
-            std::fprintf(stderr, "hostreg: HOSTREG_LOG_LEVEL='%s' is not debug, info or warning; ignored\n", env);
+            std::fprintf(stderr, "hostreg: HOSTREG_LOG_LEVEL='%s' is not debug, info, warning or warn; ignored\n", env);
         return LogLevel::Off;
     }();
     return level;

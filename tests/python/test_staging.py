@@ -671,3 +671,21 @@ def test_a_state_dict_beyond_the_address_space_is_a_staging_error(count: int):
     with pytest.raises(hostreg.StagingError, match=r"cannot stage [\d,]+ bytes of staging memory: cudaErrorMemoryAllocation \(2\)"):
         ht.create_cpu_state_dict(sd)
     assert hostreg.stats().registrations == 0
+
+
+def test_a_meta_state_dict_gets_bytes_of_its_own_per_tensor():
+    # Deferred init: every meta tensor reports storage address 0; they must not be staged as one.
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8))
+    meta = model.state_dict()
+    staged = ht.create_cpu_state_dict(meta)
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.nbytes) for t in staged.values())
+    assert all(a_end <= b for (_, a_end), (b, _) in zip(spans, spans[1:])), "no two tensors share bytes"
+    assert all(staged[k].shape == meta[k].shape and staged[k].device.type == "cpu" for k in meta)
+    with pytest.raises(NotImplementedError, match="no data"):
+        ht.copy_state_dict(meta, staged)  # nothing to copy from a meta tensor: torch's own refusal
+    real = {k: torch.randn(v.shape) for k, v in meta.items()}
+    ht.copy_state_dict(real, staged)  # what the staging memory is for: loading real values into it
+    assert all(torch.equal(staged[k], real[k]) for k in real)
+    del staged
+    gc.collect()
