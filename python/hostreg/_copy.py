@@ -23,6 +23,28 @@ from . import _hostreg
 from ._layout import Grouping, group, local_of, touched
 
 
+def _check_sources(slocals: list[torch.Tensor], storages: list[Any]) -> None:
+    """Every non-empty source's storage still holds the bytes its view reads: a storage freed or
+    shrunk under it (``untyped_storage().resize_(0)``, e.g. while async staging waits) raises
+    RuntimeError instead of a copy from freed memory. Run whenever the sources' storages or
+    views changed (a resize changes the storage's address). A resize during the copy itself is
+    the caller's race, as it is for ``Tensor.copy_``."""
+    for i, (t, st) in enumerate(zip(slocals, storages)):
+        n = t.numel()
+        if n == 0 or t.is_meta:
+            continue
+        size = t.element_size()
+        have = st.nbytes()
+        if have >= (t.storage_offset() + n) * size and st.data_ptr() and t.is_contiguous():
+            continue  # the common case, without walking the strides
+        need = touched(t)[1]
+        if st.data_ptr() == 0 or have < need:
+            raise RuntimeError(
+                f"source tensor {i}: its storage holds {st.nbytes():,} bytes, fewer than the {need:,} its view "
+                "reads (freed or resized, e.g. with untyped_storage().resize_(), before it was staged)"
+            )
+
+
 def _span_ptrs(locals_: list[torch.Tensor], g: Grouping) -> list[int]:
     """Address of each span's first byte (CPU), from the first tensor of the span."""
     ptrs = [0] * len(g.spans)
@@ -139,8 +161,10 @@ class CopyPlan:
             self._measure(dlocals)  # a destination was replaced, moved or reshaped: measure again
             self._src_key = None
         slocals = [local_of(t) for t in src]
-        key = [(t.untyped_storage().data_ptr(), t.storage_offset(), *_leaf_key(t)) for t in slocals]
+        storages = [t.untyped_storage() for t in slocals]
+        key = [(st.data_ptr(), t.storage_offset(), *_leaf_key(t)) for st, t in zip(storages, slocals)]
         if key != self._src_key:  # the sources' storages or views changed since the last copy
+            _check_sources(slocals, storages)
             sg = group(slocals)
             same_views = all(
                 k[2:4] == d[0:2] if own else k[2:5] == d[0:3]

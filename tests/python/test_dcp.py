@@ -515,3 +515,21 @@ def test_two_ranks_async_save_and_load(tmp_path):
 )
 def test_two_ranks_background_process_checkpointer(tmp_path):
     run_ranks(_rank_main, (str(tmp_path), "process"), timeout=180)
+
+
+def test_a_source_freed_before_async_staging_copies_fails_on_the_future():
+    # DCP's DefaultStager survives this; so must hostreg's (it segfaulted: a copy from freed memory).
+    stager, held = _busy_stager()
+    try:
+        src = {"w": torch.full((1 << 16,), 5.0)}
+        fut = stager.stage(src)  # waits on the worker for the busy buffer
+        src["w"].untyped_storage().resize_(0)  # freed while it waits
+        del held
+        gc.collect()
+        with pytest.raises(RuntimeError, match="fewer than the 262,144 its view reads"):
+            fut.result(timeout=60)
+        ok = stager.stage({"w": torch.ones(1 << 16)}).result(timeout=60)  # the stager still works
+        assert torch.equal(ok["w"], torch.ones(1 << 16))
+        del ok
+    finally:
+        stager.close()
