@@ -185,12 +185,23 @@ class Layout:
         return (self.spec, self.grouping.shape_key(), self.leaves)
 
 
-def layout_of(state_dict: Any) -> tuple[Layout, list[torch.Tensor], list[Any]]:
-    """(layout, tensors, other values) of ``state_dict``; TypeError for tensors it cannot place."""
+Flat = tuple  # (tensors, other values, spec), as _tree.flatten gives them
+
+
+def flatten_checked(state_dict: Any) -> Flat:
+    """``_tree.flatten(state_dict)``, with TypeError for tensors no arena can hold (naming the
+    entry): what a stager can refuse before it stages anything."""
     tensors, values, spec = _tree.flatten(state_dict)
     if any(type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized or t.is_nested for t in tensors):
         for path, t in zip(_tree.tensor_paths(spec), tensors):  # only then: name the entry
             check_leaf(path, t)
+    return tensors, values, spec
+
+
+def layout_of(state_dict: Any, flat: Flat | None = None) -> tuple[Layout, list[torch.Tensor], list[Any]]:
+    """(layout, tensors, other values) of ``state_dict`` (already flattened by
+    :func:`flatten_checked` when ``flat`` is given); TypeError for tensors it cannot place."""
+    tensors, values, spec = flat if flat is not None else flatten_checked(state_dict)
     locals_ = [local_of(t) for t in tensors]
     g = group(locals_)
     offsets, at = [], 0
