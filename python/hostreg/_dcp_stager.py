@@ -29,7 +29,7 @@ from . import _core, _tree
 from ._arena import leaves_on
 from ._copy import CopyPlan
 from ._errors import StagingError
-from ._layout import flatten_checked, layout_of
+from ._layout import layout_of
 from ._state_dict import StagedCopy, allocate_staged_copy
 
 
@@ -83,13 +83,15 @@ class Stager:
     A change made before then may or may not be in the checkpoint, tensor by tensor.
 
     The constructor raises :class:`hostreg.StagingError` when the staging thread cannot be
-    started. ``stage()`` raises ``TypeError`` for state dicts that are not dicts or hold
-    unsupported tensors (in async mode too, at once: torch's ``dcp.async_save`` takes a
-    staging future that is already done for a success whatever it holds), and
-    :class:`hostreg.StagingError` when memory cannot be reserved or locked: in async mode that
-    is known only on the staging thread and set on the future (re-raised by
-    :meth:`synchronize_staging`; ``dcp.async_save`` then reports it on
-    ``upload_completion``). In async mode ``stage()`` never waits for the staging thread.
+    started. ``stage()`` raises :class:`hostreg.StagingError` when memory cannot be reserved or
+    locked, ``TypeError`` for state dicts that are not dicts or hold unsupported tensors; in
+    async mode only the first two checks (a dict, not closed) are made at once, and
+    ``stage()`` never waits for the staging thread: the rest is set on the future (re-raised
+    by :meth:`synchronize_staging`). Beware: torch's ``dcp.async_save`` reports a staging
+    future that has already failed when it looks as a success on ``staging_completion``
+    (torch 2.13 ``torch/distributed/checkpoint/state_dict_saver.py``, ``async_save``: ``if
+    not staging_future.done(): ... else: return_staging_future.set_result(None)``); the
+    failure then shows on ``upload_completion``.
     Call :meth:`close` after the last save (DCP does not close a stager it did not create).
     """
 
@@ -157,13 +159,6 @@ class Stager:
         _core.note_caller_device()
         if not self.async_staging:
             return self._stage_now(state_dict, None)
-        # What can be refused now is refused here, not on the future: torch's dcp.async_save
-        # reports a staging future that is already done as a success, whatever it holds
-        # (torch 2.13 torch/distributed/checkpoint/state_dict_saver.py, async_save: `if not
-        # staging_future.done(): ... add_done_callback(callback) else:
-        # return_staging_future.set_result(None)`), and a worker fails fast. The flattening is
-        # the worker's first step anyway: it gets the result.
-        flat = flatten_checked(state_dict)
         ready = None
         if self._stream is not None:  # the copies start after the work queued so far
             ready = torch.Event()
@@ -175,7 +170,7 @@ class Stager:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hostreg-stager")
                 self._worker = None  # learned by the first task below
             try:
-                future = self._executor.submit(self._stage_now, state_dict, ready, flat)
+                future = self._executor.submit(self._stage_now, state_dict, ready)
             except RuntimeError as e:  # no thread to be had (a thread limit): nothing was staged
                 # The work item sits queued in that executor: drop it with the executor, so
                 # that no later thread stages this state dict after all.
@@ -189,13 +184,13 @@ class Stager:
             self._future = done
         return future
 
-    def _stage_now(self, state_dict: dict[str, Any], ready: Any, flat: Any = None) -> dict[str, Any]:
+    def _stage_now(self, state_dict: dict[str, Any], ready: Any) -> dict[str, Any]:
         if self.async_staging and self._worker is None:
             self._worker = threading.get_ident()
         with self._pool_lock:
             if self._released:
                 raise RuntimeError("Stager.stage() after close()")
-            layout, tensors, values = layout_of(state_dict, flat)
+            layout, tensors, values = layout_of(state_dict)
             buf = self._acquire(layout.key, state_dict)
             if ready is not None and self._stream is not None:
                 self._stream.wait_event(ready)

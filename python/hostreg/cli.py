@@ -163,7 +163,9 @@ def _doctor(args: argparse.Namespace) -> int:
     limits.add_row("CAP_IPC_LOCK", "held" if d.cap_ipc_lock else "not held")
     limits.add_row("locked by this process (VmLck)", size(d.locked_bytes))
     shm_label = d.shm_dir + (" (HOSTREG_SHM_DIR)" if os.environ.get("HOSTREG_SHM_DIR") else "")
-    limits.add_row(f"{shm_label} size / free", d.shm_dir_problem or f"{size(d.shm_bytes)} / {size(d.shm_free_bytes)}")
+    shm_room = "no size limit (ramfs, tmpfs size=0, hugetlbfs without size=)" if d.shm_bytes == 0 else (
+        f"{size(d.shm_bytes)} / {size(d.shm_free_bytes)}")
+    limits.add_row(f"{shm_label} size / free", d.shm_dir_problem or shm_room)
     limits.add_row("open files (ulimit -n)", str(d.nofile))
     limits.add_row("transparent huge pages (anon / shmem)", f"{d.thp} / {d.thp_shmem}")
     limits.add_row("torch", d.torch or "not installed")

@@ -176,7 +176,7 @@ def verdict(d: Diagnosis) -> list[str]:
     problems += d.settings_problems
     if d.shm_dir_problem:
         problems.append(d.shm_dir_problem)
-    elif d.shm_free_bytes is not None and d.shm_free_bytes < need:
+    elif d.shm_free_bytes is not None and d.shm_bytes and d.shm_free_bytes < need:  # 0 blocks: no size limit (ramfs)
         problems.append(
             f"{d.shm_dir} has {d.shm_free_bytes:,} bytes free of {d.shm_bytes:,}, less than the {need:,} "
             "bytes to stage; enlarge it (docker: --shm-size"

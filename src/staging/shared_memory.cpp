@@ -48,6 +48,9 @@ std::string backing_dir(int fd) {
 Status shortage(int fd, size_t bytes, int err) {
     struct statvfs st {};
     if (fstatvfs(fd, &st) != 0) return Status::ok();
+    // No size limit to check against: ramfs, tmpfs mounted with size=0, hugetlbfs without
+    // size= report 0 blocks (statfs(2)); only a refusal (err) says the memory ran out.
+    if (st.f_blocks == 0 && err == 0) return Status::ok();
     const unsigned long long free_bytes = static_cast<unsigned long long>(st.f_bavail) * st.f_frsize;
     if (free_bytes >= bytes && err == 0) return Status::ok();
     const std::string dir = backing_dir(fd);
@@ -108,7 +111,12 @@ Status create_shared_memory(size_t bytes, int* fd_out) {
                                  std::string("memfd_create failed: ") + std::strerror(errno), errno);
     }
     Status s = shortage(fd, bytes, 0);  // plainly too small: say so before allocating anything
-    if (s.is_ok() && ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+    // Files on hugetlbfs take only whole huge pages (ftruncate answers EINVAL otherwise): the
+    // file is sized up to the filesystem's block size (the page size elsewhere, a no-op there).
+    struct statvfs vfs {};
+    const size_t block = fstatvfs(fd, &vfs) == 0 && vfs.f_bsize > 0 ? static_cast<size_t>(vfs.f_bsize) : 1;
+    const size_t sized = bytes > SIZE_MAX - block ? bytes : (bytes + block - 1) / block * block;
+    if (s.is_ok() && ftruncate(fd, static_cast<off_t>(sized)) != 0)
         s = Status::error(hostregErrorMemoryAllocation,
                           "cannot size staging memory to " + with_commas(bytes) + " bytes: " + std::strerror(errno),
                           errno);

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import gc
 import io
+import json
 import os
 import subprocess
+import sys
 import textwrap
 from collections import OrderedDict
 
@@ -689,3 +691,22 @@ def test_a_meta_state_dict_gets_bytes_of_its_own_per_tensor():
     assert all(torch.equal(staged[k], real[k]) for k in real)
     del staged
     gc.collect()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a ramfs in a mount namespace of its own (unshare -m)")
+def test_shm_dir_on_a_filesystem_without_a_size_limit():
+    # ramfs (like tmpfs size=0 and hugetlbfs without size=) reports 0 blocks: no limit to check
+    # against, not "0 bytes free of 0".
+    ramfs = ("unshare", "-m", "sh", "-c", 'mount -t ramfs none /mnt && exec "$@"', "sh")
+    code = textwrap.dedent("""
+        import json, torch, hostreg, hostreg.torch as ht
+        from hostreg import doctor
+        staged = ht.create_cpu_state_dict({"w": torch.ones(1 << 20)})
+        ht.copy_state_dict({"w": torch.full((1 << 20,), 2.0)}, staged)
+        d = doctor.diagnose(1 << 22)
+        print(json.dumps([bool(torch.all(staged["w"] == 2.0)), doctor.verdict(d), d.shm_bytes]))
+    """)
+    r = subprocess.run([*ramfs, sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "HOSTREG_SHM_DIR": "/mnt", "HOSTREG_BACKEND": "posix"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [True, [], 0]
