@@ -10,16 +10,17 @@ the file is written in the given directory and removed afterwards, also when int
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import mmap
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 MiB = 1 << 20
 _BLOCK = 4096
@@ -36,6 +37,26 @@ class Ceiling:
     direct: bool  #: False when the filesystem refused O_DIRECT (then it is the page cache's speed)
 
 
+def _run_group(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """Runs ``cmd`` (fio) and returns its output; an exception or an interrupt on the caller
+    stops it and waits until it is gone before re-raising. fio runs each job in a process of
+    its own session, which a signal to fio's process group does not reach, so fio itself is
+    asked to stop (SIGTERM: it ends its jobs and waits for them) and killed only if it has
+    not within 10 s."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def fio(path: str, nbytes: int, rw: str, engines: list[str]) -> float:
     """O_DIRECT sequential bandwidth (bytes/s) of ``rw`` ("write" or "read") over ``path``
     with fio; moves an engine that fails to the back of ``engines`` (io_uring first, psync
@@ -46,7 +67,7 @@ def fio(path: str, nbytes: int, rw: str, engines: list[str]) -> float:
         cmd = ["fio", "--name=ceiling", f"--rw={rw}", f"--bs={bs}", f"--size={max(nbytes, bs)}", "--direct=1",
                f"--ioengine={engine}", "--iodepth=4", "--numjobs=1", "--end_fsync=1", f"--filename={path}",
                "--output-format=json"]
-        p = subprocess.run(cmd, capture_output=True, text=True)
+        p = _run_group(cmd)
         try:
             job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]
             ok = p.returncode == 0 and job["error"] == 0 and job[rw]["bw_bytes"] > 0
@@ -61,26 +82,49 @@ def fio(path: str, nbytes: int, rw: str, engines: list[str]) -> float:
     raise RuntimeError("fio failed with every engine:\n" + "\n".join(errors))
 
 
+def _run_threads(work: Any, count: int) -> None:
+    """Runs work(k, stop) on ``count`` threads at once and waits for them; an exception or an
+    interrupt (Ctrl-C) on the caller sets ``stop`` (each thread ends after its current piece),
+    waits for them all, and re-raises: nothing is left running. A thread's own failure is
+    re-raised here."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def body(k: int) -> None:
+        try:
+            work(k, stop)
+        except BaseException as e:  # noqa: BLE001 -- handed to the caller
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=body, args=(k,), daemon=True, name=f"hostreg-ceiling-{k}") for k in range(count)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.1)  # in slices, so that Ctrl-C reaches this thread
+    except BaseException:
+        stop.set()
+        for t in threads:
+            if t.ident is not None:
+                t.join()
+        raise
+    if errors:
+        raise errors[0]
+
+
 def _probe(path: str, nbytes: int) -> tuple[float, float, bool]:
-    """(write, read bytes/s, O_DIRECT taken) by 4 threads of pwrite / preadv in 16 MiB pieces."""
+    """(write, read bytes/s, O_DIRECT taken) by 4 threads of pwrite / preadv in 16 MiB pieces
+    (thread k takes pieces k, k + 4, ...), each from a page-aligned buffer of its own made
+    before the clock starts."""
     chunk = min(16 * MiB, max(_BLOCK, -(-nbytes // _BLOCK) * _BLOCK))
     pieces = list(range(0, nbytes, chunk))
-    local = threading.local()
-    buffers: list[mmap.mmap] = []  # page-aligned, as O_DIRECT needs; one per thread
-
-    def own() -> mmap.mmap:
-        if not hasattr(local, "buf"):
-            local.buf = mmap.mmap(-1, chunk)
-            local.buf.write(secrets.token_bytes(1 << 16) * (chunk >> 16) if chunk >= 1 << 16 else secrets.token_bytes(chunk))
-            buffers.append(local.buf)
-        return local.buf
-
-    def started(pool: concurrent.futures.ThreadPoolExecutor) -> concurrent.futures.ThreadPoolExecutor:
-        barrier = threading.Barrier(_THREADS)  # every thread up, its buffer made, before the clock starts
-        list(pool.map(lambda _: barrier.wait(), range(_THREADS)))
-        return pool
-
+    pattern = secrets.token_bytes(1 << 16)
+    buffers = [mmap.mmap(-1, chunk) for _ in range(_THREADS)]  # page-aligned, as O_DIRECT needs
     try:
+        for b in buffers:
+            b.write(pattern * (chunk // len(pattern)) if chunk >= len(pattern) else pattern[:chunk])
         direct = True
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT | os.O_CLOEXEC, 0o600)
@@ -90,23 +134,33 @@ def _probe(path: str, nbytes: int) -> tuple[float, float, bool]:
             direct = False
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            with started(concurrent.futures.ThreadPoolExecutor(_THREADS, initializer=own)) as pool:
-                t0 = time.perf_counter()
-                list(pool.map(lambda off: os.pwrite(fd, own(), off), pieces))  # whole blocks; cut back below
-                os.fdatasync(fd)
-                write = nbytes / (time.perf_counter() - t0)
+            def write(k: int, stop: threading.Event) -> None:
+                for off in pieces[k::_THREADS]:
+                    if stop.is_set():
+                        return
+                    os.pwrite(fd, buffers[k], off)  # whole blocks; cut back below
+
+            t0 = time.perf_counter()
+            _run_threads(write, _THREADS)
+            os.fdatasync(fd)
+            write_bps = nbytes / (time.perf_counter() - t0)
             os.ftruncate(fd, nbytes)
         finally:
             os.close(fd)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0))
         try:
-            with started(concurrent.futures.ThreadPoolExecutor(_THREADS, initializer=own)) as pool:
-                t0 = time.perf_counter()
-                list(pool.map(lambda off: os.preadv(fd, [own()], off), pieces))
-                read = nbytes / (time.perf_counter() - t0)
+            def read(k: int, stop: threading.Event) -> None:
+                for off in pieces[k::_THREADS]:
+                    if stop.is_set():
+                        return
+                    os.preadv(fd, [buffers[k]], off)
+
+            t0 = time.perf_counter()
+            _run_threads(read, _THREADS)
+            read_bps = nbytes / (time.perf_counter() - t0)
         finally:
             os.close(fd)
-        return write, read, direct
+        return write_bps, read_bps, direct
     finally:
         for b in buffers:
             b.close()

@@ -211,8 +211,8 @@ class FileSystemWriter(StorageWriter):
         direct_io: bool = True,
     ) -> None:
         super().__init__()
-        if thread_count < 1:
-            raise ValueError(f"thread_count must be >= 1, got {thread_count}")
+        if isinstance(thread_count, bool) or not isinstance(thread_count, int) or thread_count < 1:
+            raise ValueError(f"thread_count must be an int >= 1, got {thread_count!r}")
         self.path = os.fspath(path)
         self.single_file_per_rank = single_file_per_rank
         self.sync_files = sync_files
@@ -409,8 +409,8 @@ class FileSystemReader(_StockReader):
 
     def __init__(self, path: str | os.PathLike, thread_count: int = 4, *, direct_io: bool = True) -> None:
         super().__init__(path)
-        if thread_count < 1:
-            raise ValueError(f"thread_count must be >= 1, got {thread_count}")
+        if isinstance(thread_count, bool) or not isinstance(thread_count, int) or thread_count < 1:
+            raise ValueError(f"thread_count must be an int >= 1, got {thread_count!r}")
         self.thread_count = thread_count
         self.direct_io = direct_io
         self.stats = IoStats()

@@ -293,7 +293,11 @@ class _MetaUnpickler(pickle.Unpickler):
 
 
 def _rebuilt(storage: Any, offset: int, size: Any, stride: Any, *rest: Any) -> tuple:
-    return (storage, offset, tuple(size), tuple(stride))
+    # _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks,
+    # metadata=None): metadata (torch._utils.get_tensor_metadata) carries what the bytes alone
+    # do not say, such as a conjugate or negative bit; such a tensor is not a plain one.
+    plain = len(rest) < 3 or not rest[2]
+    return (storage, offset, tuple(size), tuple(stride), plain)
 
 
 def parse_tail(tail: bytes | bytearray, length: int) -> dict[str, tuple[int, int]] | None:
@@ -360,9 +364,9 @@ def parse(head: bytes | bytearray, tail: bytes | bytearray, length: int) -> Stor
         got = _MetaUnpickler(io.BytesIO(head[start:start + pkl_size])).load()
     except Exception:
         return None
-    if not (isinstance(got, tuple) and len(got) == 4 and isinstance(got[0], tuple)):
-        return None
-    (_, dtype, _, _, numel), offset, shape, stride = got
+    if not (isinstance(got, tuple) and len(got) == 5 and isinstance(got[0], tuple) and got[4]):
+        return None  # not a plain tensor (its metadata, e.g. a conjugate bit, says more): torch.load it
+    (_, dtype, _, _, numel), offset, shape, stride, _ = got
     count = 1
     for n in shape:
         count *= n

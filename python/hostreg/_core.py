@@ -182,8 +182,8 @@ def set_default_device(device: int | None = None) -> cudaError:
     context; raises ValueError for a negative ``device``.
     """
     global _device_noted
-    if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
-        raise ValueError(f"device must be an int >= 0 or None, got {device!r}")
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < 2**31):
+        raise ValueError(f"device must be an int from 0 to 2**31 - 1, or None; got {device!r}")
     code = cudaError(_hostreg.set_default_device(-1 if device is None else device))
     _device_noted |= code == cudaError.success
     return code

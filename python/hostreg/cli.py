@@ -18,6 +18,13 @@ import time
 from typing import Any, Sequence
 
 
+def esc(text: str) -> str:
+    """``text`` printed as it is by rich (a path such as ``ck[/]`` is not markup)."""
+    from rich.markup import escape
+
+    return escape(text)
+
+
 def _console(stderr: bool = False) -> Any:
     """A rich Console whose closed pipe (``hostreg doctor | head``) ends its output quietly:
     rich's own exits 1 there (``Console.on_broken_pipe``), hiding the command's verdict."""
@@ -63,7 +70,7 @@ def _stage(args: argparse.Namespace) -> int:
     # The process's device for registrations on threads without a device context of their own
     # (AscendCL's are per thread; staging may run on such a thread): this command chooses it.
     if (code := hostreg.set_default_device(args.device)) != hostreg.cudaError.success:
-        err.print(f"[bold red]hostreg stage: device {args.device}[/]: {code.name} ({int(code)}): {hostreg.last_error().message}",
+        err.print(f"[bold red]hostreg stage: device {args.device}[/]: {code.name} ({int(code)}): {esc(hostreg.last_error().message)}",
                   highlight=False, soft_wrap=True)
         return 1
     try:
@@ -78,10 +85,10 @@ def _stage(args: argparse.Namespace) -> int:
             load_s = time.perf_counter() - t0
             report = stage_check.stage_state_dict(state_dict, engine=args.engine, progress=progress, save_to=args.save)
     except stage_check.SaveError as e:
-        err.print(f"[bold red]hostreg stage: save failed[/]\n{e}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]hostreg stage: save failed[/]\n{esc(str(e))}", highlight=False, soft_wrap=True)
         return 1
     except stage_check.StagingError as e:
-        err.print(f"[bold red]hostreg stage: staging failed[/]\n{e}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]hostreg stage: staging failed[/]\n{esc(str(e))}", highlight=False, soft_wrap=True)
         return 1
 
     gib = 2**30
@@ -89,7 +96,7 @@ def _stage(args: argparse.Namespace) -> int:
         "hostreg": "hostreg (one shared arena, one registration)",
         "torch": "torch (_create_cpu_state_dict, share+pin)",
     }
-    table = Table(title=f"hostreg stage: {source}", show_header=False)
+    table = Table(title=f"hostreg stage: {esc(source)}", show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("backend", report.backend)
@@ -107,14 +114,14 @@ def _stage(args: argparse.Namespace) -> int:
     if sv is not None:
         c = sv.ceiling
         table.add_section()
-        table.add_row("checkpoint saved to", f"{sv.directory} ({sv.file_bytes:,} bytes of files)")
+        table.add_row("checkpoint saved to", f"{esc(sv.directory)} ({sv.file_bytes:,} bytes of the checkpoint's files)")
         table.add_row("checkpoint I/O", "O_DIRECT" if sv.direct else "page cache (the filesystem refuses O_DIRECT)")
         table.add_row("save s (hostreg FileSystemWriter)", f"{sv.save_s:.2f}")
         table.add_row("save GiB/s (x disk ceiling)", f"{sv.save_bps / gib:.2f} ({sv.save_bps / c.write:.2f}x)")
         table.add_row("load s (hostreg FileSystemReader)", f"{sv.load_s:.2f}")
         table.add_row("load GiB/s (x disk ceiling)", f"{sv.load_bps / gib:.2f} ({sv.load_bps / c.read:.2f}x)")
         table.add_row("disk ceiling write / read GiB/s", f"{c.write / gib:.2f} / {c.read / gib:.2f}")
-        table.add_row("ceiling measured by", c.tool)
+        table.add_row("ceiling measured by", esc(c.tool))
         table.add_row("values verified after load", "yes")
     out.print(table)
     return 0
@@ -149,37 +156,37 @@ def _doctor(args: argparse.Namespace) -> int:
     for b in d.backends:
         mark = (" [bold](auto)[/]" if b.name == d.auto else "") + (" [bold green](active)[/]" if b.name == d.active else "")
         backends.add_row(
-            b.name + mark, "yes" if b.available else "no", b.library or "-", b.version or "-",
-            doctor.describe_capabilities(b) if b.available else b.detail,
+            b.name + mark, "yes" if b.available else "no", esc(b.library or "-"), esc(b.version or "-"),
+            esc(doctor.describe_capabilities(b) if b.available else b.detail),
         )
     out.print(backends, soft_wrap=True)
 
     limits = Table(title="limits that decide staging", show_header=False)
     limits.add_column("what")
     limits.add_column("value")
-    limits.add_row("HOSTREG_BACKEND", d.requested)
-    limits.add_row("active backend", d.active + (f" ({d.active_reason})" if d.active_reason else ""))
+    limits.add_row("HOSTREG_BACKEND", esc(d.requested))
+    limits.add_row("active backend", esc(d.active + (f" ({d.active_reason})" if d.active_reason else "")))
     limits.add_row("RLIMIT_MEMLOCK (ulimit -l)", size(d.memlock_bytes))
     limits.add_row("CAP_IPC_LOCK", "held" if d.cap_ipc_lock else "not held")
     limits.add_row("locked by this process (VmLck)", size(d.locked_bytes))
     shm_label = d.shm_dir + (" (HOSTREG_SHM_DIR)" if os.environ.get("HOSTREG_SHM_DIR") else "")
     shm_room = "no size limit (ramfs, tmpfs size=0, hugetlbfs without size=)" if d.shm_bytes == 0 else (
         f"{size(d.shm_bytes)} / {size(d.shm_free_bytes)}")
-    limits.add_row(f"{shm_label} size / free", d.shm_dir_problem or shm_room)
+    limits.add_row(f"{esc(shm_label)} size / free", esc(d.shm_dir_problem or shm_room))
     limits.add_row("open files (ulimit -n)", str(d.nofile))
     limits.add_row("transparent huge pages (anon / shmem)", f"{d.thp} / {d.thp_shmem}")
     limits.add_row("torch", d.torch or "not installed")
     limits.add_row("torch.cuda.cudart()", d.torch_cudart)
     for directory in args.checkpoint_dir or []:
         ok, why = doctor.probe_direct_io(directory)
-        limits.add_row(f"checkpoints in {directory}", "O_DIRECT (disk speed, no page cache)" if ok else why)
+        limits.add_row(f"checkpoints in {esc(directory)}", "O_DIRECT (disk speed, no page cache)" if ok else esc(why))
     out.print(limits, soft_wrap=True)
     if d.backend_note:
-        out.print(f"note: {d.backend_note}", soft_wrap=True, highlight=False)
+        out.print(f"note: {esc(d.backend_note)}", soft_wrap=True, highlight=False)
     if problems:
         out.print(f"[bold red]verdict: staging {d.staging_bytes:,} bytes would fail[/]", soft_wrap=True)
         for p in problems:
-            out.print(f"  - {p}", soft_wrap=True, highlight=False)
+            out.print(f"  - {esc(p)}", soft_wrap=True, highlight=False)
         return 1
     out.print(f"[bold green]verdict: staging {d.staging_bytes:,} bytes would work ({d.active} backend)[/]", soft_wrap=True)
     return 0
@@ -209,13 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="hostreg: one shared arena, one registration (default); torch: PyTorch's per-tensor path through the drop-in",
     )
     p.add_argument(
-        "--device", type=int, default=0, metavar="N",
+        "--device", type=_device, default=0, metavar="N",
         help="the device registrations are made for where the runtime's contexts are per thread (AscendCL: NPU N; "
         "default %(default)s); other backends use their runtime's own current device",
     )
     p.add_argument(
         "--save",
         metavar="DIR",
+        type=_directory,
         help="also save the staged state dict as a DCP checkpoint in DIR (made if missing; a checkpoint there is "
         "replaced) with hostreg.torch.FileSystemWriter, load it back with FileSystemReader, verify every byte, and "
         "print both rates beside the disk's own O_DIRECT ceiling (fio when installed)",
@@ -240,10 +248,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _device(text: str) -> int:
+    """--device: an int from 0 to 2**31 - 1 (a device ordinal), else a usage error."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a device number: {text!r}") from None
+    if not 0 <= n < 2**31:
+        raise argparse.ArgumentTypeError(f"a device number is from 0 to {2**31 - 1}, got {n}")
+    return n
+
+
+def _directory(text: str) -> str:
+    """--save: a non-empty path."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty directory name")
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except KeyboardInterrupt:  # Ctrl-C: said in one line; whatever was staged is released on the way out
+        print("hostreg: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # e.g. `hostreg doctor --json | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0

@@ -237,14 +237,31 @@ def _create_and_copy(state_dict: dict[str, Any], engine: str, progress: Progress
     return staged, t1 - t0, time.perf_counter() - t1
 
 
-def _why(e: BaseException) -> str:
-    """The first line of what went wrong; for DCP's CheckpointException, its ranks' failures."""
+def _cause(e: BaseException) -> BaseException:
+    """What went wrong: for DCP's CheckpointException, the first rank's own exception (its
+    ``failures`` map ranks to ``(exception, traceback summary)`` in torch 2.13's
+    torch/distributed/checkpoint/utils.py, to the exception alone in older ones)."""
     failures = getattr(e, "failures", None)
     if isinstance(failures, dict) and failures:
         inner = next(iter(failures.values()))
-        e = getattr(inner, "exc", inner) if not isinstance(inner, BaseException) else inner
+        if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
+            return inner[0]
+        if isinstance(inner, BaseException):
+            return inner
+    return e
+
+
+def _why(e: BaseException) -> str:
+    """The first line of what went wrong, with its exception's name."""
+    e = _cause(e)
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def _reraise_interrupt(e: BaseException) -> None:
+    """An interrupt (Ctrl-C) stays an interrupt, also when DCP wrapped it."""
+    if isinstance(_cause(e), (KeyboardInterrupt, SystemExit)):
+        raise KeyboardInterrupt from None
 
 
 def save_and_load(source: dict[str, Any], staged: dict[str, Any], directory: str | Path, progress: Progress) -> SaveReport:
@@ -267,7 +284,7 @@ def save_and_load(source: dict[str, Any], staged: dict[str, Any], directory: str
     except OSError as e:
         raise SaveError(f"cannot use {d} for the checkpoint: {_why(e)}") from e
     free = fs.f_bavail * fs.f_frsize
-    if free < total + (1 << 20):
+    if fs.f_blocks and free < total + (1 << 20):  # 0 blocks: no size limit (ramfs)
         raise SaveError(f"{d} has {free:,} bytes free; the checkpoint needs about {total:,} (its tensors' bytes)")
     try:
         progress("ceiling", 0, total)
@@ -283,9 +300,8 @@ def save_and_load(source: dict[str, Any], staged: dict[str, Any], directory: str
         try:
             dcp.save(staged, storage_writer=writer)
         except BaseException as e:  # DCP raises CheckpointException, a BaseException
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            raise SaveError(f"cannot save the checkpoint to {d}: {_why(e)}") from e
+            _reraise_interrupt(e)
+            raise SaveError(f"cannot save the checkpoint to {d}: {_why(e)}") from None
         save_s = time.perf_counter() - t0
         progress("save", total, total)
         back = _inverted_copy(source)
@@ -295,16 +311,16 @@ def save_and_load(source: dict[str, Any], staged: dict[str, Any], directory: str
         try:
             dcp.load(back, storage_reader=reader)
         except BaseException as e:
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            raise SaveError(f"cannot load the checkpoint back from {d}: {_why(e)}") from e
+            _reraise_interrupt(e)
+            raise SaveError(f"cannot load the checkpoint back from {d}: {_why(e)}") from None
         load_s = time.perf_counter() - t0
         progress("load", total, total)
     src = dict(iter_tensors(source))
     bad = [k for k, t in iter_tensors(back) if not same_bytes(src[k], t)]
     if bad:
         raise SaveError(f"the checkpoint in {d} loaded back with other values: {', '.join(bad[:10])}")
-    files = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if os.path.isfile(os.path.join(d, f)))
+    mine = {".metadata", *(info.relative_path for info in reader.storage_data.values())}  # not other files in d
+    files = sum(os.path.getsize(os.path.join(d, f)) for f in mine if os.path.isfile(os.path.join(d, f)))
     return SaveReport(d, total, files, save_s, load_s, writer.stats.direct and reader.stats.direct, ceiling)
 
 
@@ -362,12 +378,17 @@ def stage_state_dict(
     if locked < staged_bytes:
         problems.append(f"VmLck rose by {locked} bytes, less than the {staged_bytes} bytes staged")
     saved = None
+    failed: SaveError | None = None
     try:
         if save_to is not None and not problems:
             saved = save_and_load(state_dict, staged, save_to, report)
+    except SaveError as e:  # raised below, without the frames that hold the staged copy
+        failed = SaveError(str(e))
     finally:
         del staged
         gc.collect()
+    if failed is not None:
+        raise failed
 
     released = _core.stats().registrations == before_regs
     if not released:

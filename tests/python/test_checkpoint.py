@@ -367,3 +367,22 @@ def test_sigkill_at_random_points_never_leaves_a_checkpoint_that_loads_wrong(tmp
         p.wait()
         outcomes.append(load_outcome(path, 8))
     assert set(outcomes) <= {"none", "whole"}, outcomes
+
+
+def test_stock_checkpoints_of_conjugate_and_negative_views_load_their_values(tmp_path: Path):
+    # torch.save keeps the conj / neg bit in _rebuild_tensor_v2's metadata, not in the bytes:
+    # such a container is not a plain tensor's and must be read by torch.load (DCP's reader).
+    sd = {"c": torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64).conj(), "n": torch._neg_view(torch.tensor([1.0, -2.0, 3.0]))}
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(tmp_path / "s")), no_dist=True)
+    out = {"c": torch.zeros(2, dtype=torch.complex64), "n": torch.zeros(3)}
+    dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path / "s"), no_dist=True)
+    assert torch.equal(out["c"], torch.tensor([1 - 2j, 3 + 4j], dtype=torch.complex64))
+    assert torch.equal(out["n"], torch.tensor([-1.0, 2.0, -3.0]))
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, True, "2"])
+def test_thread_count_must_be_a_positive_int(tmp_path: Path, bad):
+    with pytest.raises(ValueError, match="thread_count"):
+        ht.FileSystemWriter(tmp_path / "w", thread_count=bad)
+    with pytest.raises(ValueError, match="thread_count"):
+        ht.FileSystemReader(tmp_path, thread_count=bad)

@@ -202,3 +202,106 @@ def test_tied_weights_and_views_count_their_bytes_once(tmp_path: Path, engine: s
     else:  # PyTorch's _create_cpu_state_dict copies each tensor on its own
         assert staged == 2 * 256_000 + 40_000 + 64
     assert row(r.stdout, "values verified") == "yes"
+
+
+def test_an_interrupted_probe_stops_its_threads_and_leaves_no_file(tmp_path: Path):
+    code = """
+import _thread, os, shutil, sys, threading
+from hostreg import _ceiling
+shutil.which = lambda name: None  # the probe of its own, not fio
+write = os.pwrite
+def interrupted(fd, buf, off):
+    _thread.interrupt_main()  # Ctrl-C while its threads write
+    return write(fd, buf, off)
+os.pwrite = interrupted
+try:
+    _ceiling.measure(sys.argv[1], 64 << 20)
+except KeyboardInterrupt:
+    print("interrupted", os.listdir(sys.argv[1]), threading.active_count())
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["interrupted", "[]", "1"], "no file, no thread left"
+
+
+@pytest.mark.skipif(shutil.which("fio") is None or shutil.which("pgrep") is None, reason="needs fio and pgrep")
+def test_an_interrupted_fio_ceiling_leaves_no_fio_and_no_file(tmp_path: Path):
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from hostreg import _ceiling; _ceiling.measure(sys.argv[1], 1 << 30)",
+                          str(tmp_path)], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pgrep", "-f", "--", f"--filename={tmp_path}"], capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline and p.poll() is None, "fio never started"
+        time.sleep(0.01)
+    p.send_signal(signal.SIGINT)  # to hostreg's process only, as kill -INT would
+    p.wait(timeout=60)
+    time.sleep(0.5)
+    assert subprocess.run(["pgrep", "-f", "--", f"--filename={tmp_path}"], capture_output=True).returncode == 1, "a fio job survived"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m for a small tmpfs")
+def test_a_save_that_runs_out_of_space_says_so_in_one_line(tmp_path: Path):
+    # 3,000 one-element tensors: 12 KB of values pass the free-space check, their containers
+    # (about 1.5 KB each) do not fit in 2 MiB: DCP's CheckpointException carries the ENOSPC.
+    torch.save({f"t{i}": torch.ones(1) for i in range(3000)}, tmp_path / "many.pt")
+    script = f"mount -t tmpfs -o size=2m none /mnt && exec {HOSTREG} stage --checkpoint {tmp_path / 'many.pt'} --save /mnt/ck"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=600,
+                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 1 and "save failed" in r.stderr, r.stderr
+    assert "cannot save the checkpoint to /mnt/ck: OSError: [Errno 28]" in r.stderr
+    assert "FrameSummary" not in r.stderr and "tuple" not in r.stderr
+
+
+def test_paths_are_printed_as_they_are_not_as_markup(tmp_path: Path):
+    d = tmp_path / "ck[/]"
+    r = stage("--model", "tiny", "--save", str(d))
+    assert r.returncode == 0, r.stderr
+    assert str(d) in r.stdout and "Traceback" not in r.stderr
+    r = stage("--checkpoint", str(tmp_path / "[/]missing.pt"))
+    assert r.returncode == 1 and "does not exist" in r.stderr and "[/]missing.pt" in r.stderr
+
+
+def test_the_checkpoints_size_counts_only_its_own_files(tmp_path: Path):
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / "unrelated.bin").write_bytes(b"x" * (5 << 20))
+    r = stage("--model", "tiny", "--save", str(d))
+    assert r.returncode == 0, r.stderr
+    mine = (d / ".metadata").stat().st_size + (d / "__0_0.distcp").stat().st_size
+    assert row(r.stdout, "checkpoint saved to").endswith(f"({mine:,} bytes of the checkpoint's files)")
+
+
+@pytest.mark.parametrize("args", [["--device", "-1"], ["--device", str(2**31)], ["--device", "x"], ["--save", ""]])
+def test_bad_device_and_directory_are_usage_errors(args: list[str]):
+    r = stage("--model", "tiny", *args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "error: argument" in r.stderr, r.stderr
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    from hostreg import cli, stage_check
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stage_check, "stage_state_dict", interrupted)
+    assert cli.main(["stage", "--model", "tiny", "--no-progress"]) == 130
+    assert capsys.readouterr().err == "hostreg: interrupted\n"
+
+
+def test_a_failed_save_leaves_nothing_registered_or_locked(tmp_path: Path):
+    import gc
+
+    import hostreg
+    from hostreg import models, stage_check
+
+    (tmp_path / "file").write_text("x")
+    sd = models.build("tiny").state_dict()
+    before = hostreg.locked_bytes()
+    with pytest.raises(stage_check.SaveError) as e:
+        stage_check.stage_state_dict(sd, save_to=tmp_path / "file" / "ck")
+    gc.collect()
+    assert hostreg.stats().registrations == 0 and hostreg.locked_bytes() <= before, "released while the error is held"
+    assert "cannot use" in str(e.value)
