@@ -459,18 +459,18 @@ class FileSystemReader(_StockReader):
             items.setdefault(req.storage_index, self.storage_data[req.storage_index])
             if req.type == LoadItemType.BYTE_IO:
                 byte_items.add(req.storage_index)
-        windows: dict[Any, tuple[bytearray, int, bytearray, int]] = {}
+        windows: dict[Any, tuple[bytearray, bytearray]] = {}  # (first bytes, last bytes): one buffer when whole
         segs = []
         for idx, info in items.items():
             whole = idx in byte_items or info.length <= WHOLE
             if whole:
                 buf = bytearray(info.length)
-                windows[idx] = (buf, 0, buf, 0)
+                windows[idx] = (buf, buf)
                 if info.length:
                     segs.append((info.offset, info.length, _address(buf)))
             else:
                 head, tail = bytearray(HEAD), bytearray(TAIL)
-                windows[idx] = (head, 0, tail, info.length - TAIL)
+                windows[idx] = (head, tail)
                 segs.append((info.offset, HEAD, _address(head)))
                 segs.append((info.offset + info.length - TAIL, TAIL, _address(tail)))
         self._transfer(fd, segs)
@@ -481,7 +481,7 @@ class FileSystemReader(_StockReader):
         done: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []  # (req, destination, staged view to copy or None)
         for req in reqs:
             info = items[req.storage_index]
-            head, _, tail, _ = windows[req.storage_index]
+            head, tail = windows[req.storage_index]
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, io.BytesIO(bytes(head)))
                 continue

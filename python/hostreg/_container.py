@@ -144,16 +144,13 @@ _BEFORE, _AFTER, STORAGE_ALIGNMENT = _torch_records()
 
 @dataclass
 class Container:
-    """One tensor's container laid out at a file offset: ``head`` (bytes before the data),
-    the data record's place, and ``tail`` (after it), with where the data's CRC-32 goes in
-    ``tail`` (zeros there until the writer fills it in)."""
+    """One tensor's container around its data: ``head`` (bytes before the data) and ``tail``
+    (after it), with where the data's CRC-32 goes in ``tail`` (zeros there until the writer
+    fills it in). The data follows ``head`` directly."""
 
     head: bytes
-    data_offset: int  # file offset of the first data byte
-    data_len: int
     tail: bytes
     crc_at: tuple[int, int]  # offsets in tail of the data's CRC-32 (descriptor, central header)
-    length: int  # bytes of the whole container
 
 
 def _name(n: str) -> bytes:
@@ -255,8 +252,7 @@ def layout(pkl: bytes, data_len: int, start: int, data_at: Any, serialization_id
     pad = at - first
     if pad < 0 or 0 < pad < 4 or pad > 0xFFFF:
         raise ValueError(f"the data cannot start {pad} bytes after the local header's end (0 or 4-65,535)")
-    head, tail, crc_at = _container(pkl, data_len, pad, serialization_id)
-    return Container(head, at, data_len, tail, crc_at, len(head) + data_len + len(tail))
+    return Container(*_container(pkl, data_len, pad, serialization_id))
 
 
 # ---- Reading ---------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ kernel's locked-memory count (``VmLck``) rose by at least the staged bytes.
 
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import time
@@ -333,14 +334,9 @@ def _inverted(t: torch.Tensor) -> torch.Tensor:
 
 
 def _inverted_copy(obj: Any) -> Any:
-    """``obj`` with every tensor replaced by :func:`_inverted` of it (other values as they are)."""
-    if isinstance(obj, torch.Tensor):
-        return _inverted(obj)
-    if isinstance(obj, dict):
-        return {k: _inverted_copy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_inverted_copy(v) for v in obj)
-    return obj
+    """``obj`` with every tensor replaced by :func:`_inverted` of it (other values copied)."""
+    tensors, values, spec = _tree.flatten(obj)
+    return _tree.unflatten(spec, [_inverted(t) for t in tensors], copy.deepcopy(values))
 
 
 def stage_state_dict(
