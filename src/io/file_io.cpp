@@ -6,6 +6,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 #include <zlib.h>
+#ifdef HOSTREG_HAVE_LIBDEFLATE
+#include <libdeflate.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -277,10 +280,15 @@ Status truncated(uint64_t need, uint64_t have) {
 class TaskQueue {
   public:
     explicit TaskQueue(size_t total) : total_(total) {}
-    void push(size_t task) {
+    // Queues a task behind the ready ones, or before them when first (a write whose
+    // checksums are now done: it goes to the disk before more checksums are computed).
+    void push(size_t task, bool first = false) {
         {
             std::lock_guard<std::mutex> g(mu_);
-            ready_.push_back(task);
+            if (first)
+                ready_.push_front(task);
+            else
+                ready_.push_back(task);
         }
         cv_.notify_one();
     }
@@ -314,6 +322,16 @@ class TaskQueue {
     size_t total_, done_ = 0;
     Status failure_;
 };
+
+// CRC-32 (ISO-HDLC, the ZIP format's) of len bytes at p: libdeflate's where built with it,
+// else zlib's; the two give the same value.
+uint32_t crc32_of(const void* p, uint64_t len) {
+#ifdef HOSTREG_HAVE_LIBDEFLATE
+    return libdeflate_crc32(0, p, static_cast<size_t>(len));
+#else
+    return static_cast<uint32_t>(crc32_z(0, static_cast<const Bytef*>(p), static_cast<z_size_t>(len)));
+#endif
+}
 
 unsigned thread_count(unsigned threads) { return threads == 0 ? kDefaultThreads : threads; }
 
@@ -409,7 +427,7 @@ class Writer {
                     CrcJob& job = *jobs_[j];
                     const hostregFileSegment& s = seg_[job.segment];
                     const uint64_t off = i * kCrcPiece, len = std::min(kCrcPiece, s.length - off);
-                    job.piece_crc[i] = static_cast<uint32_t>(crc32_z(0, static_cast<const Bytef*>(s.memory) + off, len));
+                    job.piece_crc[i] = crc32_of(static_cast<const char*>(s.memory) + off, len);
                     if (job.left.fetch_sub(1) == 1) finish_job(j, &q);
                     return Status::ok();
                 }
@@ -449,7 +467,7 @@ class Writer {
             for (int b = 0; b < 4; ++b) at[b] = static_cast<unsigned char>((crc >> (8 * b)) & 0xff);
         }
         for (size_t r : job.dependents)
-            if (waiting_[r].fetch_sub(1) == 1 && q) q->push(r);
+            if (waiting_[r].fetch_sub(1) == 1 && q) q->push(r, true);
     }
 
     // Copies the file bytes of r's bounce runs into buf, one after another (zeros past the
