@@ -87,6 +87,15 @@ typedef struct hostregStagingBuffer hostregStagingBuffer;
 HOSTREG_API int hostregStagingBufferCreate(size_t bytes, int shared, int pin, unsigned int flags,
                                            size_t max_chunk_bytes, hostregStagingBuffer** out);
 
+/* Whether hostregStagingBufferCreate(bytes, shared, pin, ...) would be refused for lack of
+ * room, answered before any memory is made: the shared-memory directory's free space (shared
+ * != 0) and the active backend's limit on pinning (pin != 0; posix and ze lock pages with
+ * mlock, bounded by RLIMIT_MEMLOCK less VmLck unless the process holds CAP_IPC_LOCK). Returns 0
+ * when the room is there (creating may still fail later, e.g. the kernel out of memory), else
+ * the code and message (hostregGetLastError) creating would give: 2 (too little room), 1 (0
+ * bytes, a bad HOSTREG_SHM_DIR), or the backend selection's failure. */
+HOSTREG_API int hostregStagingBufferRoom(size_t bytes, int shared, int pin);
+
 /* Maps the shared staging buffer of `bytes` bytes another process made, given a descriptor of
  * its file, which it takes over (closed on failure too). Not registered (its pages are locked
  * by the process that made it). Returns 0, 1 (bad descriptor, file smaller than bytes) or 2. */

@@ -63,6 +63,17 @@ class Arena:
         self.chunks = buf.chunks
         _sharing.track(buf)
 
+    @staticmethod
+    def check_room(nbytes: int, *, pin: bool = True, share: bool = True) -> None:
+        """Raise the :class:`StagingError` that ``Arena(nbytes, pin=pin, share=share)`` would
+        raise for lack of room (the shared-memory directory's free space; ``RLIMIT_MEMLOCK``
+        where the backend locks pages with ``mlock``), before any memory is made; return None
+        when the room is there (making the arena may still fail later)."""
+        if nbytes >= 1 << 64:
+            Arena(nbytes, pin=pin, share=share)  # raises: the one message for sizes no size_t holds
+        if _hostreg.staging_buffer_room(max(nbytes, 1), share, pin) != 0:
+            raise_last(f"cannot stage {nbytes:,} bytes of staging memory")
+
     @property
     def data_ptr(self) -> int:
         """Address of the arena's first byte (page-aligned)."""

@@ -26,10 +26,10 @@ from typing import Any
 import torch
 
 from . import _core, _tree
-from ._arena import leaves_on
+from ._arena import Arena, leaves_on
 from ._copy import CopyPlan
 from ._errors import StagingError
-from ._layout import layout_of
+from ._layout import Flat, Prepared, flatten_checked, layout_of
 from ._state_dict import StagedCopy, allocate_staged_copy
 
 
@@ -84,14 +84,17 @@ class Stager:
 
     The constructor raises :class:`hostreg.StagingError` when the staging thread cannot be
     started. ``stage()`` raises :class:`hostreg.StagingError` when memory cannot be reserved or
-    locked, ``TypeError`` for state dicts that are not dicts or hold unsupported tensors; in
-    async mode only the first two checks (a dict, not closed) are made at once, and
-    ``stage()`` never waits for the staging thread: the rest is set on the future (re-raised
-    by :meth:`synchronize_staging`). Beware: torch's ``dcp.async_save`` reports a staging
-    future that has already failed when it looks as a success on ``staging_completion``
-    (torch 2.13 ``torch/distributed/checkpoint/state_dict_saver.py``, ``async_save``: ``if
-    not staging_future.done(): ... else: return_staging_future.set_result(None)``); the
-    failure then shows on ``upload_completion``.
+    locked, ``TypeError`` for state dicts that are not dicts or hold unsupported tensors
+    (naming the entry), ``RuntimeError`` after :meth:`close`. In async mode these are raised by
+    ``stage()`` itself wherever they can be known without the staging thread: the argument,
+    every tensor's kind, and, for the stager's first arena, the room for it (the shared-memory
+    directory's free space, ``RLIMIT_MEMLOCK`` where the backend locks pages with ``mlock``).
+    That matters: torch's ``dcp.async_save`` reports a staging future that has already failed
+    when it looks as a success on ``staging_completion`` (torch 2.13
+    ``torch/distributed/checkpoint/state_dict_saver.py``, ``async_save``: ``if not
+    staging_future.done(): ... else: return_staging_future.set_result(None)``). The rest (a
+    later arena's memory, a wait for a busy buffer, the copy) is set on the future and
+    re-raised by :meth:`synchronize_staging`; ``stage()`` never waits for the staging thread.
     Call :meth:`close` after the last save (DCP does not close a stager it did not create).
     """
 
@@ -159,6 +162,17 @@ class Stager:
         _core.note_caller_device()
         if not self.async_staging:
             return self._stage_now(state_dict, None)
+        # What can be refused now is refused here, not on the future: torch's dcp.async_save
+        # reports a staging future that is already done as a success whatever it holds (torch
+        # 2.13 torch/distributed/checkpoint/state_dict_saver.py, async_save: `if not
+        # staging_future.done(): ... add_done_callback(callback) else:
+        # return_staging_future.set_result(None)`), and a refusal on the worker comes fast.
+        # The worker's first steps are these anyway: it takes their results.
+        flat = flatten_checked(state_dict)  # TypeError for what no arena holds, naming the entry
+        prepared = None
+        if not self._pool:  # the first arena: the room for it is known now (later, old arenas may be freed first)
+            prepared = layout_of(state_dict, flat)
+            Arena.check_room(prepared[0].nbytes, pin=self.pin_memory, share=self.share_memory)
         ready = None
         if self._stream is not None:  # the copies start after the work queued so far
             ready = torch.Event()
@@ -170,7 +184,7 @@ class Stager:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hostreg-stager")
                 self._worker = None  # learned by the first task below
             try:
-                future = self._executor.submit(self._stage_now, state_dict, ready)
+                future = self._executor.submit(self._stage_now, state_dict, ready, flat, prepared)
             except RuntimeError as e:  # no thread to be had (a thread limit): nothing was staged
                 # The work item sits queued in that executor: drop it with the executor, so
                 # that no later thread stages this state dict after all.
@@ -184,14 +198,18 @@ class Stager:
             self._future = done
         return future
 
-    def _stage_now(self, state_dict: dict[str, Any], ready: Any) -> dict[str, Any]:
+    def _stage_now(
+        self, state_dict: dict[str, Any], ready: Any, flat: Flat | None = None, prepared: Prepared | None = None
+    ) -> dict[str, Any]:
         if self.async_staging and self._worker is None:
             self._worker = threading.get_ident()
         with self._pool_lock:
             if self._released:
                 raise RuntimeError("Stager.stage() after close()")
-            layout, tensors, values = layout_of(state_dict)
-            buf = self._acquire(layout.key, state_dict)
+            if prepared is None:
+                prepared = layout_of(state_dict, flat)
+            buf = self._acquire(prepared)
+            tensors, values = prepared[1], prepared[2]
             if ready is not None and self._stream is not None:
                 self._stream.wait_event(ready)
             buf.plan.copy(tensors, stream=self._stream)
@@ -224,7 +242,8 @@ class Stager:
             self._pool.clear()
             self._released = True
 
-    def _acquire(self, sig: tuple, state_dict: dict[str, Any]) -> _Buffer:
+    def _acquire(self, prepared: Prepared) -> _Buffer:
+        sig = prepared[0].key
         start = time.monotonic()
         collected = False
         while True:
@@ -248,7 +267,8 @@ class Stager:
                 b.close()
                 self._pool.remove(b)
             if len(self._pool) < self.max_buffers:
-                buf = _Buffer(sig, allocate_staged_copy(state_dict, pin_memory=self.pin_memory, share_memory=self.share_memory))
+                staged = allocate_staged_copy(None, pin_memory=self.pin_memory, share_memory=self.share_memory, prepared=prepared)
+                buf = _Buffer(sig, staged)
                 self._pool.append(buf)
                 self.arenas_created += 1
                 return buf

@@ -186,6 +186,7 @@ class Layout:
 
 
 Flat = tuple  # (tensors, other values, spec), as _tree.flatten gives them
+Prepared = tuple  # (layout, tensors, other values), as layout_of gives them
 
 
 def flatten_checked(state_dict: Any) -> Flat:

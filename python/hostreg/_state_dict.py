@@ -25,7 +25,7 @@ import torch
 from . import _sharing, _tree
 from ._arena import Arena, leaves_on
 from ._copy import CopyPlan
-from ._layout import ALIGNMENT, Layout, layout_of, local_of
+from ._layout import ALIGNMENT, Layout, Prepared, layout_of, local_of
 
 __all__ = ["ALIGNMENT", "Arena", "StagedCopy", "copy_state_dict", "create_cpu_state_dict", "allocate_staged_copy"]
 
@@ -42,9 +42,12 @@ class StagedCopy:
     storages: list[torch.UntypedStorage]
 
 
-def allocate_staged_copy(state_dict: Any, *, pin_memory: bool = True, share_memory: bool = True) -> StagedCopy:
-    """Allocate (one arena) the staged copy of ``state_dict`` without copying values."""
-    layout, _, values = layout_of(state_dict)
+def allocate_staged_copy(
+    state_dict: Any, *, pin_memory: bool = True, share_memory: bool = True, prepared: Prepared | None = None
+) -> StagedCopy:
+    """Allocate (one arena) the staged copy of ``state_dict`` without copying values
+    (``prepared``: its ``layout_of`` already computed; ``state_dict`` is then not read)."""
+    layout, _, values = prepared if prepared is not None else layout_of(state_dict)
     arena = Arena(layout.nbytes, pin=pin_memory, share=share_memory)
     storages = arena.span_storages(layout)
     leaves = leaves_on(storages, layout)

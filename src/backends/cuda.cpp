@@ -154,6 +154,7 @@ extern const Backend kCudaBackend = {
     /*host_unregister=*/cuda_unregister,
     /*share=*/nullptr,
     /*set_default_device=*/nullptr,  // a thread without a context: device 0's primary context, CUDA's default
+    /*room=*/nullptr,  // the runtime pins; no limit that hostreg checks beforehand
 };
 
 }  // namespace hostreg

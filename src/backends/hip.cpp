@@ -96,6 +96,7 @@ extern const Backend kHipBackend = {
     /*host_unregister=*/hip_unregister,
     /*share=*/nullptr,
     /*set_default_device=*/nullptr,  // the runtime's own current device (0 unless chosen), as CUDA's
+    /*room=*/nullptr,  // the runtime pins; no limit that hostreg checks beforehand
 };
 
 }  // namespace hostreg

@@ -73,6 +73,7 @@ extern const Backend kMusaBackend = {
     /*host_unregister=*/musa_unregister,
     /*share=*/nullptr,
     /*set_default_device=*/nullptr,  // the runtime's own current device (0 unless chosen), as CUDA's
+    /*room=*/nullptr,  // the runtime pins; no limit that hostreg checks beforehand
 };
 
 }  // namespace hostreg

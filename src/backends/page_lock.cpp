@@ -40,6 +40,23 @@ bool has_cap_ipc_lock() {
 
 namespace {
 
+// Bytes this process has locked (VmLck in /proc/self/status, in kB there); 0 if unknown.
+unsigned long long locked_bytes() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmLck:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+    return 0;
+}
+
+// What to do about RLIMIT_MEMLOCK (limit: its soft value), the end of every message about it.
+std::string memlock_advice(rlim_t limit) {
+    return "RLIMIT_MEMLOCK (" + std::to_string(limit / 1024) +
+           " KiB, see `ulimit -l`) and the process lacks CAP_IPC_LOCK; raise the "
+           "limit (ulimit -l unlimited, docker --ulimit memlock=-1) or grant "
+           "CAP_IPC_LOCK";
+}
+
 // The Status for a failed mlock of [first, first+len), explaining the cause.
 Status lock_failure(int err, uintptr_t first, size_t len) {
     char range[64];
@@ -61,11 +78,7 @@ Status lock_failure(int err, uintptr_t first, size_t len) {
         if (!has_cap_ipc_lock() && rl.rlim_cur != RLIM_INFINITY)
             return Status::error(
                 hostregErrorMemoryAllocation,
-                what + ": locking it would exceed RLIMIT_MEMLOCK (" +
-                    std::to_string(rl.rlim_cur / 1024) +
-                    " KiB, see `ulimit -l`) and the process lacks CAP_IPC_LOCK; raise the "
-                    "limit (ulimit -l unlimited, docker --ulimit memlock=-1) or grant "
-                    "CAP_IPC_LOCK",
+                what + ": locking it would exceed " + memlock_advice(rl.rlim_cur),
                 err);
         return Status::error(hostregErrorMemoryAllocation, what + ": the kernel is out of memory",
                              err);
@@ -78,6 +91,17 @@ Status lock_failure(int err, uintptr_t first, size_t len) {
 }
 
 }  // namespace
+
+Status lock_room(size_t len) {
+    struct rlimit rl {};
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || has_cap_ipc_lock()) return Status::ok();
+    const unsigned long long held = locked_bytes(), limit = rl.rlim_cur;
+    if (held <= limit && len <= limit - held) return Status::ok();
+    return Status::error(hostregErrorMemoryAllocation,
+                         "locking " + with_commas(len) + " more bytes (" + with_commas(held) +
+                             " are locked already) would exceed " + memlock_advice(rl.rlim_cur),
+                         ENOMEM);
+}
 
 Status lock_range(uintptr_t addr, size_t len, bool undo) {
     if (lock_pages(addr, len) == 0) return Status::ok();

@@ -30,4 +30,9 @@ bool has_cap_ipc_lock();
 // an edge page a neighbouring registration holds).
 Status lock_range(uintptr_t addr, size_t len, bool undo = true);
 
+// Whether len more bytes may be locked now: 2 (with the limit, what is locked and the fix)
+// when RLIMIT_MEMLOCK would refuse them (the process lacks CAP_IPC_LOCK and VmLck plus len
+// exceeds the soft limit), else ok. Nothing is locked: it answers before any memory is made.
+Status lock_room(size_t len);
+
 }  // namespace hostreg

@@ -65,6 +65,7 @@ extern const Backend kPosixBackend = {
     /*host_unregister=*/posix_unregister,
     /*share=*/posix_share,
     /*set_default_device=*/nullptr,  // no devices
+    /*room=*/lock_room,
 };
 
 }  // namespace hostreg

@@ -219,6 +219,7 @@ extern const Backend kZeBackend = {
     /*host_unregister=*/ze_unregister,
     /*share=*/ze_share,
     /*set_default_device=*/nullptr,  // imports are the driver's, for no one device
+    /*room=*/lock_room,  // the pages are locked with mlock too
 };
 
 }  // namespace hostreg

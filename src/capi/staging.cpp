@@ -96,6 +96,10 @@ int hostregStagingBufferCreate(size_t bytes, int shared, int pin, unsigned int f
     return record(s, __func__);
 }
 
+int hostregStagingBufferRoom(size_t bytes, int shared, int pin) {
+    return record(hostreg::StagingBuffer::room(bytes, shared != 0, pin != 0), __func__);
+}
+
 int hostregStagingBufferAttach(int fd, size_t bytes, hostregStagingBuffer** out) {
     if (out == nullptr) {
         if (fd >= 0) close(fd);  // taken over, whatever happens

@@ -71,6 +71,11 @@ struct Backend {
     // without a current device context of their own are for; device < 0: the calling
     // thread's current device, as its runtime says (hostregSetDefaultDevice).
     Status (*set_default_device)(int device);
+
+    // Optional (nullptr: the runtime's pinning is bounded by nothing hostreg can read).
+    // Answers, before any memory is made, whether a registration of `bytes` more would be
+    // refused for lack of room (posix and ze lock pages with mlock: RLIMIT_MEMLOCK).
+    Status (*room)(size_t bytes);
 };
 
 // The backends compiled in, each defined in its own file under src/backends/.

@@ -431,6 +431,19 @@ NB_MODULE(_hostreg, m) {
         nb::arg("nbytes"), nb::arg("shared"), nb::arg("pin"), nb::arg("flags"), nb::arg("max_chunk") = 0,
         "hostregStagingBufferCreate: (cudaError number, StagingBuffer or None).");
     m.def(
+        "staging_buffer_room",
+        [](size_t nbytes, bool shared, bool pin) {
+            int code;
+            {
+                nb::gil_scoped_release nogil;
+                code = hostregStagingBufferRoom(nbytes, shared, pin);
+            }
+            raise_pending();
+            return code;
+        },
+        nb::arg("nbytes"), nb::arg("shared"), nb::arg("pin"),
+        "hostregStagingBufferRoom: cudaError number (0: the room is there).");
+    m.def(
         "staging_buffer_attach",
         [](int fd, size_t nbytes) {
             hostregStagingBuffer* b = nullptr;

@@ -45,15 +45,12 @@ std::string backing_dir(int fd) {
 
 // An error naming fd's filesystem when it has less than bytes free (or err says it ran
 // out), else ok. err: the errno that prompted the question, 0 if none.
-Status shortage(int fd, size_t bytes, int err) {
-    struct statvfs st {};
-    if (fstatvfs(fd, &st) != 0) return Status::ok();
+Status shortage_in(const struct statvfs& st, const std::string& dir, size_t bytes, int err) {
     // No size limit to check against: ramfs, tmpfs mounted with size=0, hugetlbfs without
     // size= report 0 blocks (statfs(2)); only a refusal (err) says the memory ran out.
     if (st.f_blocks == 0 && err == 0) return Status::ok();
     const unsigned long long free_bytes = static_cast<unsigned long long>(st.f_bavail) * st.f_frsize;
     if (free_bytes >= bytes && err == 0) return Status::ok();
-    const std::string dir = backing_dir(fd);
     if (dir == "memfd" && err == 0) return Status::ok();  // memfd has no filesystem limit of its own
     return Status::error(hostregErrorMemoryAllocation,
                          dir + " is too small: staging needs " + with_commas(bytes) + " bytes; it has " +
@@ -63,7 +60,21 @@ Status shortage(int fd, size_t bytes, int err) {
                          err ? err : ENOSPC);
 }
 
+Status shortage(int fd, size_t bytes, int err) {
+    struct statvfs st {};
+    if (fstatvfs(fd, &st) != 0) return Status::ok();
+    return shortage_in(st, backing_dir(fd), bytes, err);
+}
+
 }  // namespace
+
+Status shared_memory_room(size_t bytes) {
+    std::string dir;
+    if (Status s = shared_memory_dir(&dir); !s.is_ok()) return s;
+    struct statvfs st {};
+    if (statvfs(dir.c_str(), &st) != 0) return Status::ok();  // no such directory: memfd, with no limit of its own
+    return shortage_in(st, dir, bytes, 0);
+}
 
 Status shared_memory_dir(std::string* dir) {
     const char* env = std::getenv("HOSTREG_SHM_DIR");

@@ -24,6 +24,11 @@ Status shared_memory_dir(std::string* dir);
 // cannot be made; nothing is left behind on failure.
 Status create_shared_memory(size_t bytes, int* fd);
 
+// Whether create_shared_memory(bytes) would find the room: 2 when shared_memory_dir() has
+// fewer than `bytes` free (the same words create_shared_memory gives), 1 for a bad
+// HOSTREG_SHM_DIR, else ok. Makes nothing.
+Status shared_memory_room(size_t bytes);
+
 // Allocates every page of [ptr, ptr + bytes) without changing a byte. fd (>= 0): the file the
 // range maps, named in the message when its filesystem is full. 1 for an empty, wrapping or
 // unmapped range; 2 when memory runs out.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/backend.hpp"
 #include "staging/shared_memory.hpp"
 
 namespace hostreg {
@@ -38,6 +39,18 @@ Status StagingBuffer::create(size_t bytes, bool shared, bool pin, unsigned flags
     }
     *out = std::move(b);
     return Status::ok();
+}
+
+Status StagingBuffer::room(size_t bytes, bool shared, bool pin) {
+    if (bytes == 0) return Status::error(hostregErrorInvalidValue, "staging buffer of 0 bytes");
+    if (shared) {
+        if (Status s = shared_memory_room(bytes); !s.is_ok()) return s;
+    }
+    if (!pin) return Status::ok();
+    Status why;
+    const Backend* b = active_backend(&why);
+    if (b == nullptr) return why;
+    return b->room ? b->room(bytes) : Status::ok();
 }
 
 Status StagingBuffer::attach(int fd, size_t bytes, std::unique_ptr<StagingBuffer>* out) {

@@ -24,6 +24,12 @@ public:
     // Maps the shared buffer another process made, given a descriptor of its file (taken over:
     // closed on failure too). Not registered: the pages are the other process's, locked there.
     static Status attach(int fd, size_t bytes, std::unique_ptr<StagingBuffer>* out);
+    // Whether create(bytes, shared, pin, ...) would be refused for lack of room, answered
+    // before any memory is made: the shared-memory directory's free space (shared) and the
+    // active backend's limit on pinning (pin; posix and ze: RLIMIT_MEMLOCK against VmLck).
+    // The same code and words create would give; ok when it would find the room (it may
+    // still fail later, e.g. the kernel out of memory).
+    static Status room(size_t bytes, bool shared, bool pin);
 
     StagingBuffer(const StagingBuffer&) = delete;
     StagingBuffer& operator=(const StagingBuffer&) = delete;

@@ -61,7 +61,7 @@ const hostreg::Probe& probe() {
     static hostreg::Probe p;
     return p;
 }
-const Backend kFake = {"fake", probe, reg, unreg, share, nullptr};
+const Backend kFake = {"fake", probe, reg, unreg, share, nullptr, nullptr};
 
 class PageShareTest : public ::testing::Test {
 protected:

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "helpers.hpp"
+#include "hostreg/staging.h"
 
 using namespace hrtest;
 
@@ -167,6 +168,16 @@ int rlimit_child() {
     if (hostregIsRegistered(big.get() + 10) != 0) return 28;
     if (vmlck_kb() != before) return 29;
 
+    // The room check answers the same before any memory is made: 2 naming RLIMIT_MEMLOCK
+    // for 1 MiB (past the 64 KiB limit), 0 for 16 KiB and for memory that is not pinned.
+    if (hostregStagingBufferRoom(1 << 20, 0, 1) != hostregErrorMemoryAllocation) return 13;
+    if (hostregGetLastError(nullptr, &msg) != hostregErrorMemoryAllocation || !msg ||
+        !std::strstr(msg, "RLIMIT_MEMLOCK"))
+        return 14;
+    if (hostregStagingBufferRoom(16 * 1024, 0, 1) != hostregSuccess) return 15;
+    if (hostregStagingBufferRoom(1 << 20, 0, 0) != hostregSuccess) return 16;
+    if (vmlck_kb() != before) return 17;
+
     Mapping small((16 * 1024) / page());
     if (!small.get()) return 30;
     if (hostregHostRegister(small.get(), small.size(), 0) != hostregSuccess) return 31;
@@ -189,5 +200,23 @@ TEST_F(Posix, RlimitMemlockAnswers2) {
     ASSERT_TRUE(WIFEXITED(status)) << "child died, status " << status;
     EXPECT_EQ(WEXITSTATUS(status), 0)
         << "failed check " << WEXITSTATUS(status)
-        << " (10-12 setup, 20-29 the over-limit register, 30-35 within the limit)";
+        << " (10-12 setup, 13-17 the room check, 20-29 the over-limit register, 30-35 within the limit)";
+}
+
+// Rule: hostregStagingBufferRoom answers what hostregStagingBufferCreate would for lack of
+// room, making nothing: 1 for 0 bytes, 2 naming the directory when the shared-memory
+// filesystem has fewer bytes free than asked, 0 when the room is there.
+TEST_F(Posix, StagingBufferRoomAnswersBeforeAnythingIsMade) {
+    EXPECT_EQ(hostregStagingBufferRoom(0, 1, 1), hostregErrorInvalidValue);
+    const size_t huge = size_t{1} << 60;  // no /dev/shm has an exabyte free
+    EXPECT_EQ(hostregStagingBufferRoom(huge, 1, 0), hostregErrorMemoryAllocation);
+    const char* msg = nullptr;
+    hostregGetLastError(nullptr, &msg);
+    ASSERT_NE(msg, nullptr);
+    EXPECT_NE(std::strstr(msg, "is too small: staging needs 1,152,921,504,606,846,976 bytes"), nullptr) << msg;
+    int fd = -1;
+    EXPECT_EQ(hostregSharedMemoryCreate(huge, &fd), hostregErrorMemoryAllocation);  // the same answer
+    EXPECT_EQ(fd, -1);
+    EXPECT_EQ(hostregStagingBufferRoom(1 << 20, 1, 1), hostregSuccess) << hrtest::last_message();
+    EXPECT_EQ(hostregStagingBufferRoom(huge, 0, 0), hostregSuccess);  // private, unpinned: no limit to check
 }

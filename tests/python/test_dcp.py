@@ -248,20 +248,65 @@ def test_async_staging_returns_a_future_and_round_trips(tmp_path):
         stager.close()
 
 
-def test_async_staging_failure_is_set_on_the_future():
+def test_async_stage_refuses_what_it_can_know_at_once(tmp_path):
+    """torch's async_save takes a staging future that is already done for a success whatever it
+    holds: an unsupported tensor must raise from stage() (and so from async_save), not land on
+    a future that fails before async_save looks at it."""
     stager = ht.Stager(async_staging=True)
+    q = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)
     try:
-        fut = stager.stage({"q": torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)})
+        with pytest.raises(TypeError, match=r"^q: .*quantized"):
+            stager.stage({"w": torch.ones(2), "q": q})
         with pytest.raises(TypeError, match="quantized"):
-            fut.result(timeout=60)
-        with pytest.raises(TypeError, match="quantized"):
-            stager.synchronize_staging()
+            dcp.async_save({"q": q}, checkpoint_id=str(tmp_path / "a"), async_stager=stager, no_dist=True)
+        assert not os.path.exists(tmp_path / "a" / ".metadata")
         assert stager.arenas_created == 0
+        stager.synchronize_staging()  # nothing was submitted
         ok = stager.stage({"w": torch.ones(5)}).result(timeout=60)  # the stager still works
         assert torch.equal(ok["w"], torch.ones(5))
         del ok
     finally:
         stager.close()
+
+
+def test_async_stage_refuses_a_first_arena_without_room(tmp_path):
+    """Under RLIMIT_MEMLOCK of 8 MiB without CAP_IPC_LOCK (posix backend): the first arena of
+    16 MiB cannot be locked; stage() and async_save raise StagingError with the limit's words,
+    nothing is submitted, nothing stays locked. A later arena's failure (after a change of
+    structure) is set on the future instead, and async_save's upload_completion shows it."""
+    from conftest import low_memlock, run_python
+
+    code = f"""
+import torch, torch.distributed.checkpoint as dcp, hostreg, hostreg.torch as ht
+st = ht.Stager(async_staging=True)
+big = {{"w": torch.ones(4 << 20)}}  # 16 MiB
+for how in ("stage", "async_save"):
+    try:
+        if how == "stage":
+            st.stage(big)
+        else:
+            dcp.async_save(big, checkpoint_id={str(tmp_path / "c")!r}, async_stager=st, no_dist=True)
+        print(how, "returned")
+    except hostreg.StagingError as e:
+        print(how, "StagingError", "RLIMIT_MEMLOCK" in str(e), st.arenas_created, hostreg.locked_bytes())
+small = st.stage({{"w": torch.ones(1024)}}).result(timeout=60)  # fits: the first arena
+del small
+fut = st.stage({{"w2": torch.ones(4 << 20)}})  # a new structure: its room is the worker's to find
+try:
+    fut.result(timeout=60)
+    print("later returned")
+except hostreg.StagingError as e:
+    print("later StagingError on the future", "RLIMIT_MEMLOCK" in str(e))
+st.close()
+print("locked after close", hostreg.locked_bytes())
+"""
+    r = run_python(code, *low_memlock(), env={"HOSTREG_BACKEND": "posix", "HOSTREG_LOG_LEVEL": "off"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "stage StagingError True 0 0" in lines, r.stdout
+    assert "async_save StagingError True 0 0" in lines, r.stdout
+    assert "later StagingError on the future True" in lines, r.stdout
+    assert "locked after close 0" in lines, r.stdout
 
 
 def test_async_close_waits_for_staging_in_progress():
