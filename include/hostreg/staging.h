@@ -93,7 +93,8 @@ HOSTREG_API int hostregStagingBufferCreate(size_t bytes, int shared, int pin, un
  * mlock, bounded by RLIMIT_MEMLOCK less VmLck unless the process holds CAP_IPC_LOCK). Returns 0
  * when the room is there (creating may still fail later, e.g. the kernel out of memory), else
  * the code and message (hostregGetLastError) creating would give: 2 (too little room), 1 (0
- * bytes, a bad HOSTREG_SHM_DIR), or the backend selection's failure. */
+ * bytes, a bad HOSTREG_SHM_DIR), or the backend selection's failure. A question: the answer
+ * is not logged. */
 HOSTREG_API int hostregStagingBufferRoom(size_t bytes, int shared, int pin);
 
 /* Maps the shared staging buffer of `bytes` bytes another process made, given a descriptor of

@@ -171,8 +171,7 @@ class Stager:
         flat = flatten_checked(state_dict)  # TypeError for what no arena holds, naming the entry
         prepared = None
         if not self._pool:  # the first arena: the room for it is known now (later, old arenas may be freed first)
-            prepared = layout_of(state_dict, flat)
-            Arena.check_room(prepared[0].nbytes, pin=self.pin_memory, share=self.share_memory)
+            prepared = self._check_first_room(state_dict, flat)
         ready = None
         if self._stream is not None:  # the copies start after the work queued so far
             ready = torch.Event()
@@ -197,6 +196,22 @@ class Stager:
             future.add_done_callback(lambda f: _settle(done, f))
             self._future = done
         return future
+
+    def _check_first_room(self, state_dict: dict[str, Any], flat: Flat) -> Prepared | None:
+        """StagingError when the first arena cannot have the room it needs. The tensors' own
+        bytes are a cheap first answer (about 0.1 us a tensor); only when they do not fit is
+        the exact layout (a few us a tensor, then handed to the staging thread) computed and
+        judged, so nothing that fits is refused. (An arena larger than its tensors' bytes, as
+        for views with gaps between them in a larger storage, may still be refused on the
+        staging thread, on the future.)"""
+        kw = {"pin": self.pin_memory, "share": self.share_memory}
+        try:
+            Arena.check_room(sum(t.nbytes for t in flat[0]), **kw)
+            return None
+        except StagingError:
+            prepared = layout_of(state_dict, flat)
+            Arena.check_room(prepared[0].nbytes, **kw)
+            return prepared
 
     def _stage_now(
         self, state_dict: dict[str, Any], ready: Any, flat: Flat | None = None, prepared: Prepared | None = None

@@ -193,7 +193,14 @@ def flatten_checked(state_dict: Any) -> Flat:
     """``_tree.flatten(state_dict)``, with TypeError for tensors no arena can hold (naming the
     entry): what a stager can refuse before it stages anything."""
     tensors, values, spec = _tree.flatten(state_dict)
-    if any(type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized or t.is_nested for t in tensors):
+    # A first pass that only says whether any tensor needs a closer look (DTensors are judged
+    # by their local shards, as check_leaf does). torch's layouts are singletons: `is` is exact.
+    plain, param, strided, dt = torch.Tensor, torch.nn.Parameter, torch.strided, dtensor_type()
+    shards = [t._local_tensor if type(t) is dt else t for t in tensors] if dt is not None else tensors
+    if any(
+        (type(t) is not plain and type(t) is not param) or t.layout is not strided or t.is_quantized or t.is_nested
+        for t in shards
+    ):
         for path, t in zip(_tree.tensor_paths(spec), tensors):  # only then: name the entry
             check_leaf(path, t)
     return tensors, values, spec

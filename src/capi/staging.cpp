@@ -97,7 +97,7 @@ int hostregStagingBufferCreate(size_t bytes, int shared, int pin, unsigned int f
 }
 
 int hostregStagingBufferRoom(size_t bytes, int shared, int pin) {
-    return record(hostreg::StagingBuffer::room(bytes, shared != 0, pin != 0), __func__);
+    return hostreg::remember(hostreg::StagingBuffer::room(bytes, shared != 0, pin != 0));  // a question: not logged
 }
 
 int hostregStagingBufferAttach(int fd, size_t bytes, hostregStagingBuffer** out) {
