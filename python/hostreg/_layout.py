@@ -196,7 +196,7 @@ def flatten_checked(state_dict: Any) -> Flat:
     # A first pass that only says whether any tensor needs a closer look (DTensors are judged
     # by their local shards, as check_leaf does). torch's layouts are singletons: `is` is exact.
     plain, param, strided, dt = torch.Tensor, torch.nn.Parameter, torch.strided, dtensor_type()
-    shards = [t._local_tensor if type(t) is dt else t for t in tensors] if dt is not None else tensors
+    shards = [t._local_tensor if type(t) is dt else t for t in tensors] if dt is not None else tensors  # type: ignore[attr-defined]
     if any(
         (type(t) is not plain and type(t) is not param) or t.layout is not strided or t.is_quantized or t.is_nested
         for t in shards
