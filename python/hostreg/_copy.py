@@ -149,15 +149,17 @@ class CopyPlan:
             and [_leaf_key(t) for t in dlocals] == self.dkeys
         )
 
-    def copy(self, src: list[torch.Tensor], threads: int = 0, stream: Any = None) -> None:
+    def copy(self, src: list[torch.Tensor], threads: int = 0, stream: Any = None, *, checked: bool = False) -> None:
         """Copy ``src`` leaf by leaf (pairwise) into the destinations, wherever they are now.
 
         Copies from an accelerator are issued on ``stream`` (a ``torch.Stream``; None: the
-        current stream) and waited for (that stream, or the device) before returning."""
+        current stream) and waited for (that stream, or the device) before returning.
+        ``checked``: the caller has just seen :meth:`still_valid` answer True (and nothing can
+        have changed the destinations since), so they are not measured again."""
         if len(src) != len(self.ids):
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.ids)}")
         dlocals = self._dst_locals()
-        if not self._unchanged(dlocals):
+        if not checked and not self._unchanged(dlocals):
             self._measure(dlocals)  # a destination was replaced, moved or reshaped: measure again
             self._src_key = None
         slocals = [local_of(t) for t in src]

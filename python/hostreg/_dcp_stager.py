@@ -227,7 +227,8 @@ class Stager:
             tensors, values = prepared[1], prepared[2]
             if ready is not None and self._stream is not None:
                 self._stream.wait_event(ready)
-            buf.plan.copy(tensors, stream=self._stream)
+            # _acquire has just seen the buffer's plan still valid, under the pool lock
+            buf.plan.copy(tensors, stream=self._stream, checked=True)
             return buf.issue(values)
 
     def synchronize_staging(self) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -99,38 +99,54 @@ class Grouping:
 
 def group(locals_: list[torch.Tensor]) -> Grouping:
     """Group tensors by the storage they view (see the module docstring)."""
-    index: dict[tuple, int] = {}
+    index: dict[Any, int] = {}
     lo: list[int] = []
     hi: list[int] = []
     grp: list[int] = []
     first: list[int] = []
     own: list[bool] = []
     for t in locals_:
-        if t.numel() == 0:
+        n = t.numel()
+        if n == 0:
             grp.append(-1)
             first.append(0)
             own.append(False)
             continue
-        a, b = (0, 0) if t.is_meta else touched(t)
-        if t.is_meta or t.is_conj() or t.is_neg() or b - a < t.numel() * t.element_size():
+        size = t.element_size()
+        alone = t.is_meta or t.is_conj() or t.is_neg()
+        if alone:
+            a = b = 0
+        elif t.is_contiguous():  # the usual leaf: its bytes without walking the strides
+            a = t.storage_offset() * size
+            b = a + n * size
+        else:
+            a, b = touched(t)
+            alone = b - a < n * size
+        if alone:
             # A meta tensor (no storage: every one reports address 0, so they cannot be told
             # apart by storage; as PyTorch's _create_cpu_state_dict, each gets bytes of its
             # own), a conjugate or negative view, or elements that alias one another (an
             # expanded tensor): a contiguous tensor of its values, in a span of its own.
             index[("own", len(grp))] = g = len(lo)
             lo.append(0)
-            hi.append(t.numel() * t.element_size())
+            hi.append(n * size)
             grp.append(g)
             first.append(0)
             own.append(True)
             continue
-        key = (t.device, t.untyped_storage().data_ptr())
+        # The storage's address is the tensor's less its offset (cheaper than asking for the
+        # storage object); CPU storages by address, others by device and address.
+        ptr = t.data_ptr() - a
+        key: Any = ptr if t.is_cpu else (t.device, ptr)
         g = index.setdefault(key, len(lo))
         if g == len(lo):
             lo.append(a)
             hi.append(b)
         else:
-            lo[g], hi[g] = min(lo[g], a), max(hi[g], b)
+            if a < lo[g]:
+                lo[g] = a
+            if b > hi[g]:
+                hi[g] = b
         grp.append(g)
         first.append(a)
         own.append(False)
@@ -139,10 +155,10 @@ def group(locals_: list[torch.Tensor]) -> Grouping:
     return Grouping(tuple(grp), offset, tuple((s, h - s) for s, h in zip(starts, hi)), tuple(own))
 
 
-@dataclass(frozen=True)
-class LeafMeta:
+class LeafMeta(NamedTuple):
     """What a staged leaf is, besides its bytes: dtype, shape and strides of its local tensor,
-    and for a DTensor its mesh, placements, global shape and global strides."""
+    and for a DTensor its mesh, placements, global shape and global strides. (A named tuple:
+    one is made per tensor per stage, and it is part of the arena's key.)"""
 
     dtype: torch.dtype
     shape: tuple[int, ...]
@@ -151,12 +167,13 @@ class LeafMeta:
 
 
 def leaf_meta(t: torch.Tensor, own: bool) -> LeafMeta:
-    local = local_of(t)
+    if type(t) is torch.Tensor:  # the usual leaf, without asking for a local shard
+        local, dmeta = t, None
+    else:
+        local = local_of(t)
+        dmeta = (t.device_mesh, tuple(t.placements), tuple(t.shape), t.stride()) if local is not t else None
     shape = tuple(local.shape)
-    stride = contiguous_strides(shape) if own or local.numel() == 0 else tuple(local.stride())
-    dmeta = None
-    if local is not t:
-        dmeta = (t.device_mesh, tuple(t.placements), tuple(t.shape), tuple(t.stride()))
+    stride = contiguous_strides(shape) if own or local.numel() == 0 else local.stride()
     return LeafMeta(local.dtype, shape, stride, dmeta)
 
 
