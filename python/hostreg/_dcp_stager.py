@@ -15,13 +15,14 @@ buffer of the right structure is busy, ``stage()`` waits briefly, then uses anot
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -222,14 +223,16 @@ class Stager:
             if self._released:
                 raise RuntimeError("Stager.stage() after close()")
             if prepared is None:
-                prepared = layout_of(state_dict, flat)
-            buf = self._acquire(prepared)
+                with _collector_paused():
+                    prepared = layout_of(state_dict, flat)
+            buf = self._acquire(prepared)  # may wait for a buffer: the collector stays on
             tensors, values = prepared[1], prepared[2]
             if ready is not None and self._stream is not None:
                 self._stream.wait_event(ready)
-            # _acquire has just seen the buffer's plan still valid, under the pool lock
-            buf.plan.copy(tensors, stream=self._stream, checked=True)
-            return buf.issue(values)
+            with _collector_paused():
+                # _acquire has just seen the buffer's plan still valid, under the pool lock
+                buf.plan.copy(tensors, stream=self._stream, checked=True)
+                return buf.issue(values)
 
     def synchronize_staging(self) -> None:
         """Wait until the last :meth:`stage` call's copy is done (re-raising its failure); after
@@ -296,6 +299,24 @@ class Stager:
                     f"{self.wait_timeout_s:g} s; wait for the previous save's future, or raise max_buffers"
                 )
             time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused (if it was on) for a few milliseconds of staging.
+    Staging makes several small objects per tensor (the layout's records, a tensor object per
+    leaf, the new dict's items); with thousands of tensors their allocations set off
+    collections, and the full ones walk every object of the process (torch's included): about
+    10 ms of every restage of 5,000 tensors on this project's test machine. Nothing is lost:
+    the collector runs as usual once it is on again."""
+    was_on = gc.isenabled()
+    if was_on:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def _settle(done: Future, f: Future) -> None:

@@ -710,3 +710,24 @@ def test_shm_dir_on_a_filesystem_without_a_size_limit():
                        env={**os.environ, "HOSTREG_SHM_DIR": "/mnt", "HOSTREG_BACKEND": "posix"})
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [True, [], 0]
+
+
+@pytest.mark.parametrize("collector_on", [True, False])
+def test_staging_leaves_the_garbage_collector_as_it_found_it(collector_on: bool):
+    """Stager pauses the cyclic collector while it makes its per-tensor objects: afterwards it is
+    on again if it was on (also when the copy raises), and stays off if the caller had it off."""
+    st = ht.Stager()
+    was = gc.isenabled()
+    try:
+        (gc.enable if collector_on else gc.disable)()
+        sd = {"a": torch.ones(8), "b": torch.zeros(4)}
+        staged = st.stage(sd)
+        assert gc.isenabled() is collector_on
+        del staged
+        sd["a"].untyped_storage().resize_(0)  # freed: the restage's copy refuses it
+        with pytest.raises(RuntimeError, match="freed or resized"):
+            st.stage(sd)
+        assert gc.isenabled() is collector_on
+    finally:
+        (gc.enable if was else gc.disable)()
+        st.close()
