@@ -266,7 +266,9 @@ class Stager:
         start = time.monotonic()
         collected = False
         while True:
-            for b in [b for b in self._pool if b.moved()]:  # never reuse a moved arena
+            with _collector_paused():  # a measure of every leaf of every buffer
+                moved = [b for b in self._pool if b.moved()]
+            for b in moved:  # never reuse a moved arena
                 b.close()
                 self._pool.remove(b)
             match = [b for b in self._pool if b.sig == sig]
