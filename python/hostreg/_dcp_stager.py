@@ -39,6 +39,7 @@ class _Buffer:
         self.sig = sig
         self.staged = staged
         self.plan = CopyPlan(staged.tensors)
+        self._ptrs = [s.data_ptr() for s in staged.storages]
         self._issued: list[weakref.ref[torch.Tensor]] = []
 
     def busy(self) -> bool:
@@ -46,8 +47,12 @@ class _Buffer:
 
     def moved(self) -> bool:
         """torch moved the storage elsewhere (pickled under the file_system sharing strategy):
-        the arena's registration is stale and this buffer must not be used again."""
-        return not self.plan.still_valid()
+        the arena's registration is stale and this buffer must not be used again. The span
+        storages are the only way to the plan's destinations (the leaves it copies into are
+        this buffer's own, never handed out; the tensors :meth:`issue` hands out are new
+        objects over the same storages), so a storage that still starts where it did means
+        the plan still holds: one address per span, not a measure of every leaf."""
+        return [s.data_ptr() for s in self.staged.storages] != self._ptrs
 
     def issue(self, values: list[Any]) -> dict:
         """A new state dict over this buffer's memory (new tensor objects on its storages, so

@@ -666,6 +666,31 @@ def test_file_system_sharing_strategy_does_not_move_a_staged_dict():
     assert r.stdout.split() == ["True", "1", "1", "0"]
 
 
+def test_a_stager_buffer_whose_storage_moved_is_never_reused():
+    # torch's own file_system sharing (Storage._share_filename_cpu_, what its reducer calls)
+    # moves a storage's bytes into a new file in place. Such a buffer's copy plan points at the
+    # old memory: the next stage must make a new arena, copy right, and release the old one.
+    s = ht.Stager()
+    regs = hostreg.stats().registrations
+    try:
+        sd = {"w": torch.arange(float(1 << 16))}
+        out = s.stage(sd)
+        st = out["w"].untyped_storage()
+        before = st.data_ptr()
+        st._share_filename_cpu_()
+        assert st.data_ptr() != before, "torch no longer moves the storage: this test needs another way"
+        del out, st
+        sd["w"] += 1
+        out = s.stage(sd)
+        assert torch.equal(out["w"], sd["w"])
+        assert s.arenas_created == 2
+        assert hostreg.stats().registrations == regs + 1  # the moved arena's registration is gone
+        del out
+    finally:
+        s.close()
+    assert hostreg.stats().registrations == regs
+
+
 @pytest.mark.parametrize("count", [2**61, 2**62, 3 * 2**61], ids=["2**63-bytes", "2**64-bytes", "1.5*2**64-bytes"])
 def test_a_state_dict_beyond_the_address_space_is_a_staging_error(count: int):
     # An expanded tensor stages its full size (its own span, values resolved): 4 * count bytes.
