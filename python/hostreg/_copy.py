@@ -154,8 +154,9 @@ class CopyPlan:
 
         Copies from an accelerator are issued on ``stream`` (a ``torch.Stream``; None: the
         current stream) and waited for (that stream, or the device) before returning.
-        ``checked``: the caller has just seen :meth:`still_valid` answer True (and nothing can
-        have changed the destinations since), so they are not measured again."""
+        ``checked``: the caller knows the destinations are as the plan measured them (it has
+        just seen :meth:`still_valid` answer True, or, for a Stager buffer whose leaves are its
+        own, seen its storages unmoved), so they are not measured again."""
         if len(src) != len(self.ids):
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.ids)}")
         dlocals = self._dst_locals()

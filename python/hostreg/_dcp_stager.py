@@ -235,7 +235,7 @@ class Stager:
             if ready is not None and self._stream is not None:
                 self._stream.wait_event(ready)
             with _collector_paused():
-                # _acquire has just seen the buffer's plan still valid, under the pool lock
+                # _acquire has just seen the buffer's storages unmoved, under the pool lock
                 buf.plan.copy(tensors, stream=self._stream, checked=True)
                 return buf.issue(values)
 
@@ -271,9 +271,7 @@ class Stager:
         start = time.monotonic()
         collected = False
         while True:
-            with _collector_paused():  # a measure of every leaf of every buffer
-                moved = [b for b in self._pool if b.moved()]
-            for b in moved:  # never reuse a moved arena
+            for b in [b for b in self._pool if b.moved()]:  # never reuse a moved arena
                 b.close()
                 self._pool.remove(b)
             match = [b for b in self._pool if b.sig == sig]

@@ -25,29 +25,24 @@ int unlock_pages(uintptr_t addr, size_t len) {
     return static_cast<int>(syscall(SYS_munlock, addr, len));
 }
 
-// Does this process hold CAP_IPC_LOCK (bit 14 of CapEff)?
-bool has_cap_ipc_lock() {
-    std::ifstream f("/proc/self/status");
-    std::string line;
-    while (std::getline(f, line)) {
-        if (line.rfind("CapEff:", 0) == 0) {
-            unsigned long long caps = std::strtoull(line.c_str() + 7, nullptr, 16);
-            return (caps >> 14) & 1ULL;
-        }
-    }
-    return false;
-}
-
 namespace {
 
-// Bytes this process has locked (VmLck in /proc/self/status, in kB there); 0 if unknown.
-unsigned long long locked_bytes() {
+// The value of field `key` ("CapEff:", "VmLck:") in /proc/self/status, in `base`; 0 if absent.
+unsigned long long status_field(const char* key, int base) {
     std::ifstream f("/proc/self/status");
     std::string line;
+    const size_t n = std::strlen(key);
     while (std::getline(f, line))
-        if (line.rfind("VmLck:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+        if (line.compare(0, n, key) == 0) return std::strtoull(line.c_str() + n, nullptr, base);
     return 0;
 }
+
+}  // namespace
+
+// Does this process hold CAP_IPC_LOCK (bit 14 of CapEff)?
+bool has_cap_ipc_lock() { return (status_field("CapEff:", 16) >> 14) & 1ULL; }
+
+namespace {
 
 // What to do about RLIMIT_MEMLOCK (limit: its soft value), the end of every message about it.
 std::string memlock_advice(rlim_t limit) {
@@ -95,7 +90,7 @@ Status lock_failure(int err, uintptr_t first, size_t len) {
 Status lock_room(size_t len) {
     struct rlimit rl {};
     if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || has_cap_ipc_lock()) return Status::ok();
-    const unsigned long long held = locked_bytes(), limit = rl.rlim_cur;
+    const unsigned long long held = status_field("VmLck:", 10) * 1024, limit = rl.rlim_cur;  // kB there
     if (held <= limit && len <= limit - held) return Status::ok();
     return Status::error(hostregErrorMemoryAllocation,
                          "locking " + with_commas(len) + " more bytes (" + with_commas(held) +

@@ -43,8 +43,8 @@ std::string backing_dir(int fd) {
     return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// An error naming fd's filesystem when it has less than bytes free (or err says it ran
-// out), else ok. err: the errno that prompted the question, 0 if none.
+// An error naming dir, the filesystem st describes, when it has less than bytes free (or err
+// says it ran out), else ok. err: the errno that prompted the question, 0 if none.
 Status shortage_in(const struct statvfs& st, const std::string& dir, size_t bytes, int err) {
     // No size limit to check against: ramfs, tmpfs mounted with size=0, hugetlbfs without
     // size= report 0 blocks (statfs(2)); only a refusal (err) says the memory ran out.
