@@ -69,14 +69,25 @@ typedef struct hostregFileStats {
     int direct;             /* 1 when the descriptor had O_DIRECT to the end */
 } hostregFileStats;
 
+/* Flags of hostregFileWrite. */
+#define HOSTREG_IO_SYNC 1 /* the data is durable on return (fdatasync) */
+#define HOSTREG_IO_MORE 2 /* a part of the file, more follow: the segments must end at a
+                           * multiple of HOSTREG_IO_BLOCK, and the file is neither truncated
+                           * nor synced (the last part's call does that) */
+
 /* Writes segments[0..count) to fd with up to `threads` threads (0: 4). The segments must
- * be in file order and tile [0, file size) exactly, without gaps or overlaps; the file is
- * then truncated to that size (O_DIRECT pads the last block). With sync != 0 the data is
- * durable on return (fdatasync). Memory of the `into` segments of patches is written to;
- * the rest is only read. stats may be NULL. Returns 0, 1 or 999. */
+ * be in file order and tile [start, end) exactly, without gaps or overlaps, where start, the
+ * first segment's file offset, is a multiple of HOSTREG_IO_BLOCK (0 for a whole file). A file
+ * may be written in parts, one call after another, each starting where the one before it
+ * ended (the others with HOSTREG_IO_MORE): the caller can then lay out the next part while
+ * this one is written. Unless HOSTREG_IO_MORE is given, the file is then truncated to end
+ * (O_DIRECT pads the last block; an older, longer file's bytes past end go too). Bytes before
+ * start are left as they are. flags: HOSTREG_IO_SYNC, HOSTREG_IO_MORE or 0 (other bits
+ * answer 1). Memory of the `into` segments of patches is written to; the rest is only read.
+ * stats may be NULL. Returns 0, 1 or 999. */
 HOSTREG_API int hostregFileWrite(int fd, const hostregFileSegment* segments, size_t count,
                                  const hostregCrcPatch* patches, size_t patch_count, unsigned int threads,
-                                 int sync, hostregFileStats* stats);
+                                 int flags, hostregFileStats* stats);
 
 /* Reads segments[0..count) (in file order, not overlapping; gaps are skipped) from fd into
  * their memory with up to `threads` threads (0: 4). A segment that reaches past the end of

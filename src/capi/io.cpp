@@ -10,8 +10,8 @@ using hostreg::record;
 extern "C" {
 
 int hostregFileWrite(int fd, const hostregFileSegment* segments, size_t count, const hostregCrcPatch* patches,
-                     size_t patch_count, unsigned int threads, int sync, hostregFileStats* stats) {
-    return record(hostreg::file_write(fd, segments, count, patches, patch_count, threads, sync != 0, stats), __func__);
+                     size_t patch_count, unsigned int threads, int flags, hostregFileStats* stats) {
+    return record(hostreg::file_write(fd, segments, count, patches, patch_count, threads, flags, stats), __func__);
 }
 
 int hostregFileRead(int fd, const hostregFileSegment* segments, size_t count, unsigned int threads,

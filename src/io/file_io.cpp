@@ -351,7 +351,10 @@ class Writer {
         : fd_(fd), seg_(s), n_(n), patch_(p), np_(np) {}
 
     Status plan() {
-        uint64_t end = 0;
+        uint64_t end = n_ > 0 ? seg_[0].file_offset : 0;
+        if (end % kBlock != 0)  // its first block would be padded with zeros over the bytes before it
+            return Status::error(hostregErrorInvalidValue, "the first segment starts at byte " + with_commas(end) +
+                                                               ", not at a multiple of " + std::to_string(kBlock));
         for (size_t i = 0; i < n_; ++i) {
             if (seg_[i].file_offset != end)
                 return Status::error(hostregErrorInvalidValue, "segment " + std::to_string(i) + " starts at byte " +
@@ -361,7 +364,7 @@ class Writer {
                 return Status::error(hostregErrorInvalidValue, "segment " + std::to_string(i) + " has no memory");
             end += seg_[i].length;
         }
-        total_ = end;
+        end_ = end;
         std::vector<std::vector<size_t>> target_of(n_);  // per segment: jobs whose checksum it holds
         std::vector<size_t> job_of(n_, SIZE_MAX);       // per segment: its checksum job
         for (size_t k = 0; k < np_; ++k) {
@@ -452,7 +455,7 @@ class Writer {
         return q.failure();
     }
 
-    uint64_t total() const { return total_; }
+    uint64_t end() const { return end_; }
 
   private:
     // The job's last piece is done: combine, patch the checksum in, release its dependents.
@@ -492,7 +495,7 @@ class Writer {
     size_t n_;
     const hostregCrcPatch* patch_;
     size_t np_;
-    uint64_t total_ = 0;
+    uint64_t end_ = 0;  // where the last segment ends
     std::vector<std::unique_ptr<CrcJob>> jobs_;
     std::vector<Request> reqs_;
     std::vector<std::atomic<int>> waiting_;  // per request: checksums it still waits for
@@ -506,18 +509,24 @@ bool has_direct(int fd) {
 }  // namespace
 
 Status file_write(int fd, const hostregFileSegment* segments, size_t count, const hostregCrcPatch* patches,
-                  size_t patch_count, unsigned threads, bool sync, hostregFileStats* stats) {
+                  size_t patch_count, unsigned threads, int flags, hostregFileStats* stats) {
     if (fd < 0 || (count > 0 && segments == nullptr) || (patch_count > 0 && patches == nullptr))
         return Status::error(hostregErrorInvalidValue, "bad descriptor, or NULL segments or patches");
+    if ((flags & ~(HOSTREG_IO_SYNC | HOSTREG_IO_MORE)) != 0)
+        return Status::error(hostregErrorInvalidValue, "unknown flag bits " + std::to_string(flags));
+    const bool more = (flags & HOSTREG_IO_MORE) != 0;
     Writer w(fd, segments, count, patches, patch_count);
     Status s = w.plan();
     if (!s.is_ok()) return s;
+    if (more && w.end() % kBlock != 0)  // its padding would lie under the next part's first bytes
+        return Status::error(hostregErrorInvalidValue, "a part (HOSTREG_IO_MORE) ends at byte " + with_commas(w.end()) +
+                                                           ", not at a multiple of " + std::to_string(kBlock));
     std::atomic<int> direct{has_direct(fd) ? 1 : 0};
     s = w.run(threads, &direct, stats);
     if (stats) stats->direct = direct.load();
-    if (!s.is_ok()) return s;
-    if (ftruncate(fd, static_cast<off_t>(w.total())) != 0) return os_error("ftruncate", w.total(), 0, errno);
-    if (sync && fdatasync(fd) != 0) return os_error("fdatasync", w.total(), 0, errno);
+    if (!s.is_ok() || more) return s;
+    if (ftruncate(fd, static_cast<off_t>(w.end())) != 0) return os_error("ftruncate", w.end(), 0, errno);
+    if ((flags & HOSTREG_IO_SYNC) && fdatasync(fd) != 0) return os_error("fdatasync", w.end(), 0, errno);
     return Status::ok();
 }
 

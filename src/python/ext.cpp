@@ -507,27 +507,30 @@ NB_MODULE(_hostreg, m) {
         },
         nb::arg("dst"), nb::arg("src"), nb::arg("nbytes"), nb::arg("threads") = 0,
         "hostregCopyBatch over lists of addresses and byte counts (the caller vouches for them).");
+    m.attr("IO_SYNC") = HOSTREG_IO_SYNC;
+    m.attr("IO_MORE") = HOSTREG_IO_MORE;
     static_assert(sizeof(hostregFileSegment) == 24 && sizeof(hostregCrcPatch) == 24,
                   "file_write/file_read take arrays of three 64-bit words per entry");
     m.def(
         "file_write",
         [](int fd, uintptr_t segments, size_t count, uintptr_t patches, size_t patch_count, unsigned threads,
-           bool sync) {
+           int flags) {
             hostregFileStats st{};
             int code;
             {
                 nb::gil_scoped_release nogil;
                 code = hostregFileWrite(fd, static_cast<const hostregFileSegment*>(as_ptr(segments)), count,
                                         static_cast<const hostregCrcPatch*>(as_ptr(patches)), patch_count, threads,
-                                        sync ? 1 : 0, &st);
+                                        flags, &st);
             }
             raise_pending();
             return std::make_tuple(code, st.direct_bytes, st.bounced_bytes, st.requests, st.direct != 0);
         },
         nb::arg("fd"), nb::arg("segments"), nb::arg("count"), nb::arg("patches"), nb::arg("patch_count"),
-        nb::arg("threads") = 0, nb::arg("sync") = true,
+        nb::arg("threads") = 0, nb::arg("flags") = HOSTREG_IO_SYNC,
         "hostregFileWrite over arrays at the given addresses (three 64-bit words per segment: file offset, "
-        "length, memory; per patch: crc_of, into, offset; the caller vouches for them). Returns (cudaError "
+        "length, memory; per patch: crc_of, into, offset; the caller vouches for them); flags: HOSTREG_IO_SYNC, "
+        "HOSTREG_IO_MORE. Returns (cudaError "
         "number, direct bytes, bounced bytes, requests, O_DIRECT to the end).");
     m.def(
         "file_read",

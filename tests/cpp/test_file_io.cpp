@@ -127,6 +127,50 @@ TEST(FileIo, WriteWithoutDirectIoAndOneThread) {
     EXPECT_EQ(st.direct, 0);
 }
 
+TEST(FileIo, AFileWrittenInPartsIsTheirBytesInOrder) {
+    // Part one: the layout, then zeros up to the next block; part two: the same layout's
+    // segments moved to start there, one call after the other, with O_DIRECT.
+    Layout l;
+    const uint64_t end1 = l.segs.back().file_offset + l.segs.back().length;
+    const uint64_t start2 = (end1 + kBlock - 1) / kBlock * kBlock;
+    std::vector<char> zeros(start2 - end1, 0);
+    std::vector<hostregFileSegment> one = l.segs, two;
+    one.push_back({end1, start2 - end1, zeros.data()});
+    Buf mem2{(3u << 20) + 8192, 4};
+    for (const auto& g : l.segs) two.push_back({start2 + g.file_offset, g.length, g.memory});
+    two[1].memory = mem2.at((start2 + two[1].file_offset) % kBlock);  // congruent again: direct
+    TempFile f;
+    const uint64_t old_size = 3 * start2;  // an older, longer file is written over in place
+    {
+        std::string old(old_size, 'x');
+        int fd = f.open_for(O_WRONLY);
+        ASSERT_EQ(write(fd, old.data(), old.size()), static_cast<ssize_t>(old.size()));
+        close(fd);
+    }
+    int fd = f.open_for(O_WRONLY | O_DIRECT);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    hostregFileStats st{};
+    ASSERT_EQ(hostregFileWrite(fd, one.data(), one.size(), nullptr, 0, 4, HOSTREG_IO_MORE, nullptr), 0) << last().message;
+    struct stat sb;
+    ASSERT_EQ(fstat(fd, &sb), 0);
+    EXPECT_EQ(static_cast<uint64_t>(sb.st_size), old_size);  // a part cuts nothing
+    ASSERT_EQ(hostregFileWrite(fd, two.data(), two.size(), nullptr, 0, 4, HOSTREG_IO_SYNC, &st), 0) << last().message;
+    close(fd);
+    std::vector<hostregFileSegment> all = one;
+    all.insert(all.end(), two.begin(), two.end());
+    EXPECT_EQ(f.contents(), expected(all));
+    EXPECT_GE(st.direct_bytes, (3u << 20) - 2 * kBlock);  // the second part's big segment went direct too
+    // A part must end at a block boundary (its padding would lie under the next part), and
+    // unknown flag bits are refused.
+    fd = f.open_for(O_WRONLY);
+    EXPECT_EQ(hostregFileWrite(fd, l.segs.data(), l.segs.size(), nullptr, 0, 1, HOSTREG_IO_MORE, nullptr),
+              hostregErrorInvalidValue);
+    EXPECT_NE(std::string(last().message).find("HOSTREG_IO_MORE"), std::string::npos);
+    EXPECT_EQ(hostregFileWrite(fd, one.data(), one.size(), nullptr, 0, 1, 4, nullptr), hostregErrorInvalidValue);
+    close(fd);
+    EXPECT_EQ(f.contents(), expected(all));  // refusals write nothing
+}
+
 TEST(FileIo, ChecksumsArePatchedInBeforeTheirBytesAreWritten) {
     Layout l;
     // The CRC-32 of the 3 MiB segment at byte 10 of the trailer, and of the odd one at byte 40
@@ -278,6 +322,9 @@ TEST(FileIo, BadArgumentsAnswerInvalidValue) {
     hostregCrcPatch outside{0, 1, 97};
     EXPECT_EQ(hostregFileWrite(fd, ok.data(), ok.size(), &outside, 1, 1, 0, nullptr), hostregErrorInvalidValue);
     EXPECT_EQ(hostregFileWrite(-1, ok.data(), ok.size(), nullptr, 0, 1, 0, nullptr), hostregErrorInvalidValue);
+    hostregFileSegment midblock{100, 100, a.at(0)};  // a part must start at a block boundary
+    EXPECT_EQ(hostregFileWrite(fd, &midblock, 1, nullptr, 0, 1, 0, nullptr), hostregErrorInvalidValue);
+    EXPECT_NE(std::string(last().message).find("multiple of"), std::string::npos);
     std::vector<hostregFileSegment> overlap = {{0, 100, a.at(0)}, {50, 100, a.at(100)}};
     EXPECT_EQ(hostregFileRead(fd, overlap.data(), overlap.size(), 1, nullptr), hostregErrorInvalidValue);
     close(fd);

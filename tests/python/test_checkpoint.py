@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import state_dict_saver
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import hostreg.torch as ht
@@ -367,6 +369,118 @@ def test_sigkill_at_random_points_never_leaves_a_checkpoint_that_loads_wrong(tmp
         p.wait()
         outcomes.append(load_outcome(path, 8))
     assert set(outcomes) <= {"none", "whole"}, outcomes
+
+
+def many_items() -> dict:
+    g = torch.Generator().manual_seed(11)
+    sd = {f"w{i}": torch.randn(1000 + 37 * i, generator=g) for i in range(40)}
+    sd["big"] = torch.randn(300_000, generator=g)  # straight from its memory, in a later part
+    sd["blob"] = io.BytesIO(b"between the parts")
+    return sd
+
+
+def test_a_file_laid_out_in_parts_is_written_while_the_next_is_laid_out(tmp_path: Path, monkeypatch):
+    """With parts of a few items, the file is every part's bytes in order (zeros between
+    them, up to each block): the stock reader and dcp_to_torch_save read every item, and every
+    container is a valid ZIP."""
+    from hostreg import _checkpoint
+
+    monkeypatch.setattr(_checkpoint, "PART_ITEMS", 3)
+    monkeypatch.setattr(_checkpoint, "PART_BYTES", 1)
+    calls = []
+    write = _checkpoint._FileLayout.write
+
+    def counted(self, fd, threads, flags, stats):
+        calls.append((self.start, flags, threading.current_thread().name))
+        return write(self, fd, threads, flags, stats)
+
+    monkeypatch.setattr(_checkpoint._FileLayout, "write", counted)
+    sd = many_items()
+    d = tmp_path / "c"
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(d), no_dist=True)
+    assert len(calls) == 14  # 42 items, 3 a part
+    assert all(start % 4096 == 0 for start, _, _ in calls)
+    assert [f for _, f, _ in calls] == [2] * 13 + [1]  # HOSTREG_IO_MORE, then HOSTREG_IO_SYNC for the last
+    assert all(name == "hostreg-writer" for _, _, name in calls)
+    got = {k: torch.zeros_like(v) for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    got["blob"] = io.BytesIO()
+    dcp.load(got, storage_reader=dcp.FileSystemReader(str(d)), no_dist=True)
+    assert all(torch.equal(got[k], v) for k, v in sd.items() if isinstance(v, torch.Tensor))
+    assert got["blob"].getvalue() == b"between the parts"
+    for c in containers(d):
+        if c[:2] == b"PK":
+            assert zipfile.ZipFile(io.BytesIO(c)).testzip() is None
+    dcp_to_torch_save(str(d), str(tmp_path / "all.pt"))
+    assert torch.equal(torch.load(tmp_path / "all.pt", weights_only=False)["big"], sd["big"])  # BytesIO: not weights-only
+
+
+def test_a_part_that_fails_stops_the_file_and_leaves_no_file_thread_or_descriptor(tmp_path: Path, monkeypatch):
+    from hostreg import _checkpoint
+
+    monkeypatch.setattr(_checkpoint, "PART_ITEMS", 3)
+    monkeypatch.setattr(_checkpoint, "PART_BYTES", 1)
+    calls = []
+    write = _checkpoint._FileLayout.write
+
+    def failing(self, fd, threads, flags, stats):
+        calls.append(self.start)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device (injected)")
+        return write(self, fd, threads, flags, stats)
+
+    monkeypatch.setattr(_checkpoint._FileLayout, "write", failing)
+    fds = len(os.listdir("/proc/self/fd"))
+    d = tmp_path / "c"
+    with pytest.raises(CheckpointException, match="No space left"):
+        dcp.save(many_items(), storage_writer=ht.FileSystemWriter(d), no_dist=True)
+    assert len(calls) == 3  # nothing written after the failure
+    assert sorted(p.name for p in d.iterdir()) == []  # no partial file, no .metadata
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert not [t for t in threading.enumerate() if t.name == "hostreg-writer"]
+
+
+def test_a_save_over_a_checkpoint_writes_in_place_and_spares_linked_copies(tmp_path: Path):
+    """A rank's file of one link is written in place (its blocks are not freed first; the same
+    inode, cut to the new size); a file with another link, or a symlink, is replaced by a new
+    file, so that a hard-linked copy of the old checkpoint and a symlink's target keep their
+    bytes."""
+    g = torch.Generator().manual_seed(9)
+    old = {"a": torch.randn(4 << 20, generator=g), "b": torch.randn(1000, generator=g)}  # 16 MiB
+    new = {"a": torch.randn(1 << 20, generator=g), "b": torch.randn(1000, generator=g)}  # 4 MiB: the file shrinks
+    d = tmp_path / "c"
+    data = d / "__0_0.distcp"
+
+    def load(path: Path, like: dict) -> dict:
+        got = {k: torch.zeros_like(v) for k, v in like.items()}
+        dcp.load(got, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
+        return got
+
+    def same(got: dict, want: dict) -> bool:
+        return all(torch.equal(got[k], want[k]) for k in want)
+
+    dcp.save(old, storage_writer=ht.FileSystemWriter(d), no_dist=True)
+    ino = data.stat().st_ino
+    dcp.save(new, storage_writer=ht.FileSystemWriter(d), no_dist=True)
+    assert data.stat().st_ino == ino  # in place
+    assert data.stat().st_size < 5 << 20  # cut to the new size
+    assert same(load(d, new), new)
+
+    backup = tmp_path / "backup"  # a hard-linked copy of that checkpoint, as `cp -al` makes
+    backup.mkdir()
+    os.link(data, backup / data.name)
+    (backup / ".metadata").write_bytes((d / ".metadata").read_bytes())
+    dcp.save(old, storage_writer=ht.FileSystemWriter(d), no_dist=True)
+    assert data.stat().st_ino != ino and (backup / data.name).stat().st_ino == ino
+    assert same(load(d, old), old)
+    assert same(load(backup, new), new)  # the copy kept its bytes
+
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"keep me")
+    data.unlink()
+    data.symlink_to(outside)
+    dcp.save(new, storage_writer=ht.FileSystemWriter(d), no_dist=True)
+    assert not data.is_symlink() and outside.read_bytes() == b"keep me"
+    assert same(load(d, new), new)
 
 
 def test_stock_checkpoints_of_conjugate_and_negative_views_load_their_values(tmp_path: Path):

@@ -16,7 +16,8 @@ def test_stubs_cover_the_extension():
     assert (pkg / "py.typed").is_file()
     stub = (pkg / "_hostreg.pyi").read_text()
     public = [n for n in dir(_hostreg) if not n.startswith("_")]
-    assert public and all(f"def {n}(" in stub or f"class {n}" in stub for n in public), "stubs are out of date"
+    declared = (lambda n: f"def {n}(" in stub or f"class {n}" in stub or f"\n{n}: " in stub)  # functions, types, constants
+    assert public and all(declared(n) for n in public), f"stubs are out of date: {[n for n in public if not declared(n)]}"
 
 
 def test_mypy_passes_on_the_installed_package():
