@@ -82,7 +82,11 @@ typedef struct hostregFileStats {
  * ended (the others with HOSTREG_IO_MORE): the caller can then lay out the next part while
  * this one is written. Unless HOSTREG_IO_MORE is given, the file is then truncated to end
  * (O_DIRECT pads the last block; an older, longer file's bytes past end go too). Bytes before
- * start are left as they are. flags: HOSTREG_IO_SYNC, HOSTREG_IO_MORE or 0 (other bits
+ * start are left as they are. The blocks of [start, end) are allocated first (fallocate,
+ * where the filesystem has it: parallel O_DIRECT writes into allocated blocks do not take
+ * turns on ext4's inode lock), so no room fails before a byte is written, and a write that
+ * fails later may leave the file longer, its unwritten part reading as zeros.
+ * flags: HOSTREG_IO_SYNC, HOSTREG_IO_MORE or 0 (other bits
  * answer 1). Memory of the `into` segments of patches is written to; the rest is only read.
  * stats may be NULL. Returns 0, 1 or 999. */
 HOSTREG_API int hostregFileWrite(int fd, const hostregFileSegment* segments, size_t count,
