@@ -60,6 +60,26 @@ def _leaf_key(t: torch.Tensor) -> tuple:
     return (t.dtype, t.shape, t.stride(), t.device)
 
 
+def source_key(tensors: list[torch.Tensor]) -> list[tuple]:
+    """What a copy plan and a layout depend on, per source tensor: where its elements are
+    (address, offset in its storage, dtype, shape, strides, device) and how their values are
+    read (conjugate and negative bits); for a DTensor, also its mesh, placements and global
+    shape. Two lists compare equal only when the sources lie where, and are viewed as, they
+    were: the staging done for one is valid for the other (values apart). Not the tensor
+    objects themselves: ``state_dict()`` makes new ones every call. About 1 us a tensor."""
+    out = []
+    plain = torch.Tensor
+    for t in tensors:
+        if type(t) is plain:
+            local, extra = t, None
+        else:
+            local = local_of(t)
+            extra = (t.device_mesh, tuple(t.placements), t.shape, t.stride()) if local is not t else type(t)
+        out.append((local.data_ptr(), local.storage_offset(), local.dtype, local.shape, local.stride(),
+                    local.is_cpu or local.device, local.is_conj(), local.is_neg(), extra))
+    return out
+
+
 Range = tuple[int, int]  # [start, end) addresses
 
 
@@ -113,6 +133,7 @@ class CopyPlan:
         self._measure([local_of(t) for t in dst])
         self._src_key: list[tuple] | None = None
         self._fast = False
+        self._replay: tuple | None = None  # (source_key, memcpy batch) of the last copy, all on the CPU
 
     @property
     def dst(self) -> list[torch.Tensor]:
@@ -149,42 +170,58 @@ class CopyPlan:
             and [_leaf_key(t) for t in dlocals] == self.dkeys
         )
 
-    def copy(self, src: list[torch.Tensor], threads: int = 0, stream: Any = None, *, checked: bool = False) -> None:
+    def copy(
+        self, src: list[torch.Tensor], threads: int = 0, stream: Any = None, *, checked: bool = False,
+        key: list[tuple] | None = None,
+    ) -> None:
         """Copy ``src`` leaf by leaf (pairwise) into the destinations, wherever they are now.
 
         Copies from an accelerator are issued on ``stream`` (a ``torch.Stream``; None: the
         current stream) and waited for (that stream, or the device) before returning.
         ``checked``: the caller knows the destinations are as the plan measured them (it has
         just seen :meth:`still_valid` answer True, or, for a Stager buffer whose leaves are its
-        own, seen its storages unmoved), so they are not measured again."""
+        own, seen its storages unmoved), so they are not measured again. ``key``: the sources'
+        :func:`source_key`, when the caller has it; with ``checked``, a key equal to the last
+        copy's makes this copy a replay of that one's memcpy batch, with no per-tensor work."""
         if len(src) != len(self.ids):
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.ids)}")
+        threads = threads or len(os.sched_getaffinity(0))
+        replay = self._replay
+        if checked and key is not None and replay is not None and replay[0] == key:
+            _hostreg.copy_batch(replay[1], replay[2], replay[3], threads)
+            return
+        self._replay = None
         dlocals = self._dst_locals()
         if not checked and not self._unchanged(dlocals):
             self._measure(dlocals)  # a destination was replaced, moved or reshaped: measure again
             self._src_key = None
         slocals = [local_of(t) for t in src]
         storages = [t.untyped_storage() for t in slocals]
-        key = [(st.data_ptr(), t.storage_offset(), *_leaf_key(t)) for st, t in zip(storages, slocals)]
-        if key != self._src_key:  # the sources' storages or views changed since the last copy
+        views = [(st.data_ptr(), t.storage_offset(), *_leaf_key(t)) for st, t in zip(storages, slocals)]
+        if views != self._src_key:  # the sources' storages or views changed since the last copy
             _check_sources(slocals, storages)
             sg = group(slocals)
             same_views = all(
                 k[2:4] == d[0:2] if own else k[2:5] == d[0:3]
-                for k, d, s, own in zip(key, self.dkeys, sg.group, sg.own)
+                for k, d, s, own in zip(views, self.dkeys, sg.group, sg.own)
                 if s >= 0
             )
             self._fast = same_views and sg.shape_key() == self.grouping.shape_key()
             self._sgroup = sg
-            self._src_key = key
-        threads = threads or len(os.sched_getaffinity(0))
+            self._src_key = views
         with _issuing_on(stream) as devices:
             if self._fast:
-                self._copy_spans(slocals, dlocals, threads, devices)
+                batch = self._copy_spans(slocals, dlocals, threads, devices)
+                if key is not None and batch is not None:  # every span on the CPU: the next copy may replay it
+                    self._replay = (key, *batch)
             else:
                 self._copy_leaves(slocals, dlocals, threads, devices)
 
-    def _copy_spans(self, slocals: list[torch.Tensor], dlocals: list[torch.Tensor], threads: int, devices: set) -> None:
+    def _copy_spans(
+        self, slocals: list[torch.Tensor], dlocals: list[torch.Tensor], threads: int, devices: set
+    ) -> tuple[list[int], list[int], list[int]] | None:
+        """The span-by-span copy; returns its memcpy batch (destinations, sources, bytes) when
+        that was all of it (no span on an accelerator or resolved with copy_), else None."""
         g = self._sgroup
         sptrs = _span_ptrs(slocals, g)
         nbytes = [n for _, n in g.spans]
@@ -194,7 +231,10 @@ class CopyPlan:
             [(sptrs[s], sptrs[s] + nbytes[s]) for s in cpu], [(self.dptrs[s], self.dptrs[s] + nbytes[s]) for s in cpu]
         )
         batch = [cpu[k] for k in keep]
-        _hostreg.copy_batch([self.dptrs[s] for s in batch], [sptrs[s] for s in batch], [nbytes[s] for s in batch], threads)
+        lists = ([self.dptrs[s] for s in batch], [sptrs[s] for s in batch], [nbytes[s] for s in batch])
+        _hostreg.copy_batch(*lists, threads)
+        if len(cpu) == len(nbytes):
+            return lists
         on_cpu = set(cpu)
         for s in range(len(nbytes)):
             if s in on_cpu:
@@ -207,6 +247,7 @@ class CopyPlan:
                 _bytes_at(dst, self.dptrs[s], nbytes[s]).copy_(_bytes_at(src, sptrs[s], nbytes[s]), non_blocking=True)
             if not src.is_cpu:
                 devices.add(src.device)
+        return None
 
     def _copy_leaves(self, slocals: list[torch.Tensor], dlocals: list[torch.Tensor], threads: int, devices: set) -> None:
         dg = self.grouping

@@ -28,7 +28,7 @@ import torch
 
 from . import _core, _tree
 from ._arena import Arena, leaves_on
-from ._copy import CopyPlan
+from ._copy import CopyPlan, source_key
 from ._errors import StagingError
 from ._layout import Flat, Prepared, flatten_checked, layout_of
 from ._state_dict import StagedCopy, allocate_staged_copy
@@ -134,6 +134,7 @@ class Stager:
         self._pool_lock = threading.Lock()
         self._worker: int | None = None  # the staging thread's ident (async mode)
         self.arenas_created = 0  #: how many arenas this stager has made (for tests, benchmarks)
+        self._last_layout: tuple | None = None  # (spec, source_key, Layout) of the last stage (pool lock)
         self.async_staging = async_staging
         self._executor: ThreadPoolExecutor | None = None
         self._future: Future | None = None
@@ -227,17 +228,32 @@ class Stager:
         with self._pool_lock:
             if self._released:
                 raise RuntimeError("Stager.stage() after close()")
-            if prepared is None:
-                with _collector_paused():
-                    prepared = layout_of(state_dict, flat)
+            with _collector_paused():
+                if flat is None:
+                    flat = flatten_checked(state_dict)
+                key = source_key(flat[0])
+                if prepared is None:
+                    prepared = self._layout_for(state_dict, flat, key)
             buf = self._acquire(prepared)  # may wait for a buffer: the collector stays on
             tensors, values = prepared[1], prepared[2]
             if ready is not None and self._stream is not None:
                 self._stream.wait_event(ready)
             with _collector_paused():
                 # _acquire has just seen the buffer's storages unmoved, under the pool lock
-                buf.plan.copy(tensors, stream=self._stream, checked=True)
+                buf.plan.copy(tensors, stream=self._stream, checked=True, key=key)
                 return buf.issue(values)
+
+    def _layout_for(self, state_dict: dict[str, Any], flat: Flat, key: list[tuple]) -> Prepared:
+        """The layout of ``state_dict``: the last stage's when its structure and its sources'
+        :func:`source_key` are the last stage's (the usual save after save: no per-tensor
+        layout work), else computed (and kept for the next stage)."""
+        tensors, values, spec = flat
+        last = self._last_layout
+        if last is not None and last[0] == spec and last[1] == key:
+            return last[2], tensors, values
+        prepared = layout_of(state_dict, flat)
+        self._last_layout = (spec, key, prepared[0])
+        return prepared
 
     def synchronize_staging(self) -> None:
         """Wait until the last :meth:`stage` call's copy is done (re-raising its failure); after

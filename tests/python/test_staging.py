@@ -756,3 +756,59 @@ def test_staging_leaves_the_garbage_collector_as_it_found_it(collector_on: bool)
     finally:
         (gc.enable if was else gc.disable)()
         st.close()
+
+
+def test_a_restage_of_unchanged_sources_replays_the_last_copy_and_follows_every_change():
+    """A Stager's restage of sources that lie where, and are viewed as, they were skips the
+    layout and replays the last memcpy batch; any change a source's memory or view can take
+    (another storage, strides, dtype, a conjugate bit, the structure) is staged from scratch,
+    with the values it has."""
+    from hostreg import _dcp_stager
+
+    layouts = []
+    real_layout_of = _dcp_stager.layout_of
+
+    def counting(*a, **kw):
+        layouts.append(1)
+        return real_layout_of(*a, **kw)
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(6, 4, generator=g)
+    c = torch.randn(5, generator=g, dtype=torch.complex64)
+    b = torch.randn(7, generator=g)
+    st = ht.Stager(pin_memory=False)
+    _dcp_stager.layout_of = counting
+    try:
+        def stage(sd: dict) -> dict:
+            out = st.stage(sd)
+            for k, v in sd.items():
+                if isinstance(v, torch.Tensor):
+                    assert out[k].dtype == v.dtype and out[k].shape == v.shape, k
+                    assert torch.equal(out[k].resolve_conj(), v.resolve_conj()), k
+                else:
+                    assert out[k] == v
+            return out
+
+        stage({"w": w, "c": c, "b": b})
+        assert len(layouts) == 1
+        w.add_(1.0)  # new values, same memory: a replay, with the new values
+        stage({"w": w.detach(), "c": c, "b": b})  # new tensor objects (as state_dict() makes) over the same memory
+        assert len(layouts) == 1
+        plan = st._pool[0].plan
+        assert plan._replay is not None
+        steps = [
+            lambda: {"w": w.t(), "c": c, "b": b},  # strides
+            lambda: {"w": w, "c": c.conj(), "b": b},  # a conjugate view of the same bytes
+            lambda: {"w": w.view(torch.int32), "c": c, "b": b},  # dtype
+            lambda: {"w": w.clone(), "c": c, "b": b},  # another storage
+            lambda: {"w": w, "c": c, "b": b, "x": 1},  # the structure
+            lambda: {"w": w[1:], "c": c, "b": b},  # storage offset
+        ]
+        for n, make in enumerate(steps, start=2):
+            stage(make())
+            assert len(layouts) == n, n
+        stage(steps[-1]())  # and unchanged again: a replay
+        assert len(layouts) == len(steps) + 1
+    finally:
+        _dcp_stager.layout_of = real_layout_of
+        st.close()
