@@ -180,14 +180,16 @@ class CopyPlan:
         current stream) and waited for (that stream, or the device) before returning.
         ``checked``: the caller knows the destinations are as the plan measured them (it has
         just seen :meth:`still_valid` answer True, or, for a Stager buffer whose leaves are its
-        own, seen its storages unmoved), so they are not measured again. ``key``: the sources'
-        :func:`source_key`, when the caller has it; with ``checked``, a key equal to the last
-        copy's makes this copy a replay of that one's memcpy batch, with no per-tensor work."""
+        own, seen its storages unmoved), so they are not measured again. ``key``: a value
+        the caller vouches is equal between two calls only when the sources, and the
+        destinations unless ``checked``, lie where and are viewed as they were (their
+        :func:`source_key`); a key equal to the last copy's makes this copy a replay of that
+        one's memcpy batch, with no per-tensor work."""
         if len(src) != len(self.ids):
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.ids)}")
         threads = threads or len(os.sched_getaffinity(0))
         replay = self._replay
-        if checked and key is not None and replay is not None and replay[0] == key:
+        if key is not None and replay is not None and replay[0] == key:
             _hostreg.copy_batch(replay[1], replay[2], replay[3], threads)
             return
         self._replay = None

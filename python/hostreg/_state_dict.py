@@ -24,7 +24,7 @@ import torch
 
 from . import _sharing, _tree
 from ._arena import Arena, leaves_on
-from ._copy import CopyPlan
+from ._copy import CopyPlan, source_key
 from ._layout import ALIGNMENT, Layout, Prepared, layout_of, local_of
 
 __all__ = ["ALIGNMENT", "Arena", "StagedCopy", "copy_state_dict", "create_cpu_state_dict", "allocate_staged_copy"]
@@ -113,5 +113,6 @@ def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
         plan = CopyPlan(d_list, weak=True)
         if arena is not None:
             _plans[arena] = plan
-    plan.copy(s_list, threads)
+    # Sources and destinations where they were, viewed as they were: the last copy's memcpy batch again.
+    plan.copy(s_list, threads, key=(source_key(s_list), source_key(d_list)))
     return dst

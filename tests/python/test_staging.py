@@ -812,3 +812,26 @@ def test_a_restage_of_unchanged_sources_replays_the_last_copy_and_follows_every_
     finally:
         _dcp_stager.layout_of = real_layout_of
         st.close()
+
+
+def test_copy_state_dict_replays_only_while_sources_and_destinations_stay_put():
+    g = torch.Generator().manual_seed(4)
+    src = {"w": torch.randn(8, 8, generator=g), "b": torch.randn(8, generator=g)}
+    dst = ht.create_cpu_state_dict(src, pin_memory=False, share_memory=False)
+    ht.copy_state_dict(src, dst)
+    from hostreg import _sharing, _state_dict
+
+    plan = _state_dict._plans[_sharing.arena_of(dst["w"])]
+    assert plan._replay is not None  # the next copy of the same tensors replays this one's batch
+    src["w"].mul_(2)
+    ht.copy_state_dict(src, dst)
+    assert torch.equal(dst["w"], src["w"]) and torch.equal(dst["b"], src["b"])
+    # A destination moved to other memory in place (same object, shape and dtype): the copy
+    # goes there, not to where the replayed batch would write.
+    dst["w"].set_(torch.empty_like(dst["w"]))
+    src["w"].add_(1)
+    ht.copy_state_dict(src, dst)
+    assert torch.equal(dst["w"], src["w"])
+    # A source viewed anew over the same memory (transposed): its values as now viewed.
+    ht.copy_state_dict({"w": src["w"].t(), "b": src["b"]}, dst)
+    assert torch.equal(dst["w"], src["w"].t())
