@@ -240,10 +240,11 @@ class _PartWriter:
             self._failure = e
 
     def wait(self) -> None:
-        t, self._thread = self._thread, None
+        t = self._thread
         if t is not None:
-            while t.is_alive():  # in slices: Ctrl-C reaches the caller meanwhile
+            while t.is_alive():  # in slices: Ctrl-C reaches the caller meanwhile (and drain() still sees the thread)
                 t.join(0.1)
+            self._thread = None
         if self._failure is not None:
             raise self._failure
 

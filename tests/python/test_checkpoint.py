@@ -439,6 +439,43 @@ def test_a_part_that_fails_stops_the_file_and_leaves_no_file_thread_or_descripto
     assert not [t for t in threading.enumerate() if t.name == "hostreg-writer"]
 
 
+def test_ctrl_c_while_a_part_is_written_waits_for_it_before_the_file_goes(tmp_path: Path, monkeypatch):
+    """An interrupt that reaches the caller while it waits for the writer's thread to write a
+    part: the descriptor is closed and the file removed only once that write has ended (a
+    write to a closed, maybe reused, descriptor would land in another file)."""
+    from hostreg import _checkpoint
+
+    monkeypatch.setattr(_checkpoint, "PART_ITEMS", 3)
+    monkeypatch.setattr(_checkpoint, "PART_BYTES", 1)
+    write = _checkpoint._FileLayout.write
+    ended = []
+
+    def slow(self, fd, threads, flags, stats):
+        time.sleep(0.3)
+        write(self, fd, threads, flags, stats)
+        ended.append(time.monotonic())
+
+    join = threading.Thread.join
+    interrupted = []
+
+    def join_once_interrupted(self, timeout=None):  # Ctrl-C lands in the caller's wait for the first part
+        if self.name == "hostreg-writer" and timeout is not None and not interrupted:
+            interrupted.append(1)
+            raise KeyboardInterrupt
+        return join(self, timeout)
+
+    monkeypatch.setattr(_checkpoint._FileLayout, "write", slow)
+    monkeypatch.setattr(threading.Thread, "join", join_once_interrupted)
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(CheckpointException, match="KeyboardInterrupt"):  # DCP wraps what its ranks raise
+        dcp.save(many_items(), storage_writer=ht.FileSystemWriter(tmp_path / "c"), no_dist=True)
+    gone = time.monotonic()
+    assert interrupted and len(ended) == 1 and ended[0] <= gone  # the write in flight ended, and well
+    assert not [t for t in threading.enumerate() if t.name == "hostreg-writer"]
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert not (tmp_path / "c" / "__0_0.distcp").exists()
+
+
 def test_a_save_over_a_checkpoint_writes_in_place_and_spares_linked_copies(tmp_path: Path):
     """A rank's file of one link is written in place (its blocks are not freed first; the same
     inode, cut to the new size); a file with another link, or a symlink, is replaced by a new
