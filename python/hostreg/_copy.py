@@ -172,7 +172,7 @@ class CopyPlan:
 
     def copy(
         self, src: list[torch.Tensor], threads: int = 0, stream: Any = None, *, checked: bool = False,
-        key: list[tuple] | None = None,
+        key: object = None,
     ) -> None:
         """Copy ``src`` leaf by leaf (pairwise) into the destinations, wherever they are now.
 

@@ -62,23 +62,33 @@ def empty_like(sd: dict) -> dict:
 
 
 def main(argv: list[str]) -> None:
+    """``load PATH SEED PT``: DCP's own reader loads PATH into a destination of build(SEED)'s
+    structure, and its converter writes PATH as one torch.save file PT. ``save PATH SEED``:
+    DCP's own writer saves build(SEED) to PATH. Several actions may follow one another in
+    one run (``load ... save ...``: torch starts once). Prints one JSON line: the torch
+    version and each action's digests."""
     import torch.distributed.checkpoint as dcp
 
-    what, path, seed = argv[0], argv[1], int(argv[2])
-    if what == "save":  # DCP's own writer, this torch's format
-        sd = build(seed)
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(path))  # one process: DCP assumes no_dist (2.4 has no such argument)
-        print(json.dumps({"torch": torch.__version__, "digest": digest(sd)}))
-    elif what == "load":  # DCP's own reader, then its converter to one torch.save file (argv[3])
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out: dict = {"torch": torch.__version__}
+    while argv:
+        what = argv.pop(0)
+        if what == "save":  # DCP's own writer, this torch's format
+            path, seed = argv.pop(0), int(argv.pop(0))
+            sd = build(seed)
+            dcp.save(sd, storage_writer=dcp.FileSystemWriter(path))  # one process: DCP assumes no_dist (2.4 has no such argument)
+            out["saved"] = digest(sd)
+        elif what == "load":  # DCP's own reader, then its converter to one torch.save file
+            from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-        sd = empty_like(build(seed))
-        dcp.load(sd, storage_reader=dcp.FileSystemReader(path))  # one process: DCP assumes no_dist (2.4 has no such argument)
-        dcp_to_torch_save(path, argv[3])
-        converted = torch.load(argv[3], weights_only=False)
-        print(json.dumps({"torch": torch.__version__, "digest": digest(sd), "converted": digest(converted)}))
-    else:
-        raise SystemExit(f"unknown action {what!r}")
+            path, seed, pt = argv.pop(0), int(argv.pop(0)), argv.pop(0)
+            sd = empty_like(build(seed))
+            dcp.load(sd, storage_reader=dcp.FileSystemReader(path))
+            out["loaded"] = digest(sd)
+            dcp_to_torch_save(path, pt)
+            out["converted"] = digest(torch.load(pt, weights_only=False))
+        else:
+            raise SystemExit(f"unknown action {what!r}")
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
