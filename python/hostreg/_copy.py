@@ -172,7 +172,7 @@ class CopyPlan:
 
     def copy(
         self, src: list[torch.Tensor], threads: int = 0, stream: Any = None, *, checked: bool = False,
-        key: object = None,
+        key: object = None, grouping: Grouping | None = None,
     ) -> None:
         """Copy ``src`` leaf by leaf (pairwise) into the destinations, wherever they are now.
 
@@ -184,7 +184,8 @@ class CopyPlan:
         the caller vouches is equal between two calls only when the sources, and the
         destinations unless ``checked``, lie where and are viewed as they were (their
         :func:`source_key`); a key equal to the last copy's makes this copy a replay of that
-        one's memcpy batch, with no per-tensor work."""
+        one's memcpy batch, with no per-tensor work. ``grouping``: the sources' own
+        :func:`group` (their layout's), when the caller has it, so it is not computed again."""
         if len(src) != len(self.ids):
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.ids)}")
         threads = threads or len(os.sched_getaffinity(0))
@@ -202,7 +203,7 @@ class CopyPlan:
         views = [(st.data_ptr(), t.storage_offset(), *_leaf_key(t)) for st, t in zip(storages, slocals)]
         if views != self._src_key:  # the sources' storages or views changed since the last copy
             _check_sources(slocals, storages)
-            sg = group(slocals)
+            sg = grouping if grouping is not None else group(slocals)
             same_views = all(
                 k[2:4] == d[0:2] if own else k[2:5] == d[0:3]
                 for k, d, s, own in zip(views, self.dkeys, sg.group, sg.own)

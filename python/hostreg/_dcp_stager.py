@@ -240,7 +240,8 @@ class Stager:
                 self._stream.wait_event(ready)
             with _collector_paused():
                 # _acquire has just seen the buffer's storages unmoved, under the pool lock
-                buf.plan.copy(tensors, stream=self._stream, checked=True, key=key)
+                # the layout's grouping is these sources' (computed from them, or from sources of an equal key)
+                buf.plan.copy(tensors, stream=self._stream, checked=True, key=key, grouping=prepared[0].grouping)
                 return buf.issue(values)
 
     def _layout_for(self, state_dict: dict[str, Any], flat: Flat, key: list[tuple]) -> Prepared:
@@ -299,7 +300,12 @@ class Stager:
                 gc.collect()  # a reference cycle may be all that keeps a finished save's dict
                 collected = True
                 continue
-            if match and waited < 0.2:  # a writer that just finished drops its dict in a moment
+            # A writer that just finished drops its dict in a moment: DCP's thread executor
+            # resolves the save's future before its worker thread releases the work item that
+            # holds the staged dict, and on a loaded machine that thread may wait for a core
+            # (0.2 s was once too short on a 2-core machine with 2 test workers and an
+            # emulated torch busy).
+            if match and waited < 0.5:
                 time.sleep(0.005)
                 continue
             # Free buffers of another structure are dropped first: their memory is reused.
