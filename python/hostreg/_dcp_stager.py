@@ -232,16 +232,19 @@ class Stager:
                 if flat is None:
                     flat = flatten_checked(state_dict)
                 key = source_key(flat[0])
+                grouping = None  # the sources' grouping, when the layout is known to be theirs now
                 if prepared is None:
                     prepared = self._layout_for(state_dict, flat, key)
+                    grouping = prepared[0].grouping
             buf = self._acquire(prepared)  # may wait for a buffer: the collector stays on
             tensors, values = prepared[1], prepared[2]
             if ready is not None and self._stream is not None:
                 self._stream.wait_event(ready)
             with _collector_paused():
                 # _acquire has just seen the buffer's storages unmoved, under the pool lock
-                # the layout's grouping is these sources' (computed from them, or from sources of an equal key)
-                buf.plan.copy(tensors, stream=self._stream, checked=True, key=key, grouping=prepared[0].grouping)
+                # _layout_for's grouping is these sources' (computed from them now, or from sources
+                # of an equal key); a layout the caller's thread made earlier may be older than them
+                buf.plan.copy(tensors, stream=self._stream, checked=True, key=key, grouping=grouping)
                 return buf.issue(values)
 
     def _layout_for(self, state_dict: dict[str, Any], flat: Flat, key: list[tuple]) -> Prepared:
