@@ -206,8 +206,8 @@ typedef void (*hostregLogHandler)(void* context, int level, const char* call, in
 HOSTREG_API void hostregSetLogHandler(hostregLogHandler handler, void* context);
 
 /* HOSTREG_LOG_LEVEL as hostreg reads it: HOSTREG_LOG_DEBUG, _INFO or _WARNING, or -1 when it is
- * unset or not one of debug, info, warning (warn), in any case; the latter is said once on
- * stderr. For a handler that should print what the stderr default would. */
+ * unset, off, or not one of debug, info, warning (warn), off, in any case; the last is said
+ * once on stderr. For a handler that should print what the stderr default would. */
 HOSTREG_API int hostregLogLevelFromEnvironment(void);
 
 /* The library's version string, "MAJOR.MINOR.PATCH". */

@@ -8,8 +8,38 @@ and for the calls hostreg cannot serve (profiler, streams, ``cudaMemGetInfo``) a
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+
 from . import _core, _hostreg
 from ._errors import cudaError as _CudaError
+
+
+_told = False
+_told_lock = threading.Lock()
+
+
+def _tell_first_refusal(size: int, code: int) -> None:
+    """The process's first registration refused through the drop-in, said once on stderr with
+    hostreg's reason: PyTorch shows only its own words for a ``cudaError`` (an "asynchronous
+    error ... CUDA_LAUNCH_BLOCKING" message, or a failed assertion), and the reason (a memlock
+    limit, say) is in hostreg's log, silent by default. Not said when ``HOSTREG_LOG_LEVEL`` is
+    set: the log then says what it was asked to (``off``: nothing). docs/environment.md."""
+    global _told
+    if os.environ.get("HOSTREG_LOG_LEVEL"):
+        return
+    err = _core.last_error()  # this thread's, before anything else can replace it
+    with _told_lock:
+        if _told:
+            return
+        _told = True
+    print(
+        f"hostreg: cudaHostRegister of {size:,} bytes through hostreg's drop-in failed: {err.code}: "
+        f"{err.message} (said once; HOSTREG_LOG_LEVEL=warning says every failure, HOSTREG_LOG_LEVEL=off none)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class CudaRuntime:
@@ -29,7 +59,10 @@ class CudaRuntime:
     def cudaHostRegister(ptr: int, size: int, flags: int) -> _CudaError:  # noqa: N802
         """Page-lock ``size`` bytes at address ``ptr``; see :func:`hostreg.host_register`."""
         _core.note_caller_device()  # DCP pins on its staging thread: torch_npu may know the device there
-        return _CudaError(_hostreg.host_register(ptr, size, flags, "cudart().cudaHostRegister (hostreg's drop-in)"))
+        code = _hostreg.host_register(ptr, size, flags, "cudart().cudaHostRegister (hostreg's drop-in)")
+        if code != 0:
+            _tell_first_refusal(size, code)
+        return _CudaError(code)
 
     @staticmethod
     def cudaHostUnregister(ptr: int) -> _CudaError:  # noqa: N802

@@ -45,8 +45,9 @@ LogLevel threshold() {
         if (v == "debug") return LogLevel::Debug;
         if (v == "info") return LogLevel::Info;
         if (v == "warning" || v == "warn") return LogLevel::Warning;
+        if (v == "off") return LogLevel::Off;  // silent, also the drop-in's first refusal (hostreg/_cudart.py)
         if (!v.empty())
-            std::fprintf(stderr, "hostreg: HOSTREG_LOG_LEVEL='%s' is not debug, info, warning or warn; ignored\n", env);
+            std::fprintf(stderr, "hostreg: HOSTREG_LOG_LEVEL='%s' is not debug, info, warning, warn or off; ignored\n", env);
         return LogLevel::Off;
     }();
     return level;

@@ -54,7 +54,7 @@ const Status& last_error();
 
 // Diagnostics. Each event is logged once: to the handler set by hostregSetLogHandler when
 // there is one (it gets every event and decides what to keep), else to stderr for
-// HOSTREG_LOG_LEVEL=debug|info|warning (default: silent). The one severity rule: backend
+// HOSTREG_LOG_LEVEL=debug|info|warning|off (default: silent). The one severity rule: backend
 // selection is Info; a failure is Debug when it is the caller's mistake (is_callers_error,
 // and not Status::environment), else Warning (the environment's: cannot lock, no backend,
 // not supported, a bad HOSTREG_* variable, ...).

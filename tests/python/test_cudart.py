@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import PAGE, Buffer
+from conftest import PAGE, Buffer, low_memlock, run_python
 
 import hostreg
 from hostreg import _hostreg, cudaError
@@ -224,3 +224,38 @@ def test_fork_child_starts_with_no_registration_and_forgets_the_parents():
     assert hostreg.registration(b.addr) is not None  # the parent's is untouched
     assert hostreg.host_unregister(b.addr) == E.success
     b.close()
+
+
+FIRST_REFUSAL = """
+import ctypes, mmap, torch, hostreg.torch
+hostreg.torch.install()
+torch.cuda.is_initialized = lambda: True  # as under transfer_to_npu: torch's cudart() is None, the drop-in answers
+rt = torch.cuda.cudart()
+m = mmap.mmap(-1, 16 << 20)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+print(int(rt.cudaHostRegister(addr, 16 << 20, 0)), int(rt.cudaHostRegister(addr, 16 << 20, 0)))
+"""
+
+
+@pytest.mark.parametrize("level", [None, "off", "warning"])
+def test_the_first_refusal_through_the_drop_in_is_said_once_on_stderr(level):
+    """PyTorch shows only its own words for a cudaError; hostreg says the first refusal's
+    reason (here RLIMIT_MEMLOCK) once, unless HOSTREG_LOG_LEVEL chose what its log says."""
+    env = {"HOSTREG_BACKEND": "posix"}
+    if level is not None:
+        env["HOSTREG_LOG_LEVEL"] = level
+    else:
+        env["HOSTREG_LOG_LEVEL"] = ""
+    r = run_python(FIRST_REFUSAL, *low_memlock(), env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["2", "2"]  # cudaErrorMemoryAllocation, twice
+    once = [line for line in r.stderr.splitlines() if "through hostreg's drop-in failed" in line]
+    if level is None:
+        assert len(once) == 1, r.stderr
+        assert "16,777,216 bytes" in once[0] and "cudaErrorMemoryAllocation" in once[0] and "RLIMIT_MEMLOCK" in once[0]
+    else:
+        assert once == [], r.stderr
+    if level == "off":
+        assert r.stderr.strip() == "", r.stderr  # off is a level, not an unknown value
+    if level == "warning":
+        assert sum("RLIMIT_MEMLOCK" in line for line in r.stderr.splitlines()) == 2  # the log: every failure

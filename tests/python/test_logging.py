@@ -141,7 +141,7 @@ print("done")
 def test_an_unknown_log_level_is_said_not_silently_ignored():
     r = run_python("import hostreg; print(hostreg.backend())", env={"HOSTREG_LOG_LEVEL": "loud"})
     assert r.returncode == 0 and r.stdout.strip() == "posix"
-    assert r.stderr == "hostreg: HOSTREG_LOG_LEVEL='loud' is not debug, info, warning or warn; ignored\n"
+    assert r.stderr == "hostreg: HOSTREG_LOG_LEVEL='loud' is not debug, info, warning, warn or off; ignored\n"
 
 
 def test_a_handler_that_calls_hostreg_cannot_change_the_reported_cause():
