@@ -20,7 +20,7 @@ _told = False
 _told_lock = threading.Lock()
 
 
-def _tell_first_refusal(size: int, code: int) -> None:
+def _tell_first_refusal(size: int) -> None:
     """The process's first registration refused through the drop-in, said once on stderr with
     hostreg's reason: PyTorch shows only its own words for a ``cudaError`` (an "asynchronous
     error ... CUDA_LAUNCH_BLOCKING" message, or a failed assertion), and the reason (a memlock
@@ -61,7 +61,7 @@ class CudaRuntime:
         _core.note_caller_device()  # DCP pins on its staging thread: torch_npu may know the device there
         code = _hostreg.host_register(ptr, size, flags, "cudart().cudaHostRegister (hostreg's drop-in)")
         if code != 0:
-            _tell_first_refusal(size, code)
+            _tell_first_refusal(size)
         return _CudaError(code)
 
     @staticmethod
