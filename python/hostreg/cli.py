@@ -130,8 +130,6 @@ def _stage(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     import json
 
-    from rich.table import Table
-
     from . import doctor
 
     if args.bytes <= 0:
@@ -146,50 +144,8 @@ def _doctor(args: argparse.Namespace) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1 if problems else 0
 
-    def size(n: int | None) -> str:
-        return "unlimited" if n is None else f"{n:,} bytes ({n / 2**30:.2f} GiB)"
-
-    out = _console()
-    backends = Table(title="hostreg doctor: backends (HOSTREG_BACKEND=auto tries them in this order)")
-    for col in ("backend", "available", "library", "version", "capabilities / reason"):
-        backends.add_column(col, overflow="fold")
-    for b in d.backends:
-        mark = (" [bold](auto)[/]" if b.name == d.auto else "") + (" [bold green](active)[/]" if b.name == d.active else "")
-        backends.add_row(
-            b.name + mark, "yes" if b.available else "no", esc(b.library or "-"), esc(b.version or "-"),
-            esc(doctor.describe_capabilities(b) if b.available else b.detail),
-        )
-    out.print(backends, soft_wrap=True)
-
-    limits = Table(title="limits that decide staging", show_header=False)
-    limits.add_column("what")
-    limits.add_column("value")
-    limits.add_row("HOSTREG_BACKEND", esc(d.requested))
-    limits.add_row("active backend", esc(d.active + (f" ({d.active_reason})" if d.active_reason else "")))
-    limits.add_row("RLIMIT_MEMLOCK (ulimit -l)", size(d.memlock_bytes))
-    limits.add_row("CAP_IPC_LOCK", "held" if d.cap_ipc_lock else "not held")
-    limits.add_row("locked by this process (VmLck)", size(d.locked_bytes))
-    shm_label = d.shm_dir + (" (HOSTREG_SHM_DIR)" if os.environ.get("HOSTREG_SHM_DIR") else "")
-    shm_room = "no size limit (ramfs, tmpfs size=0, hugetlbfs without size=)" if d.shm_bytes == 0 else (
-        f"{size(d.shm_bytes)} / {size(d.shm_free_bytes)}")
-    limits.add_row(f"{esc(shm_label)} size / free", esc(d.shm_dir_problem or shm_room))
-    limits.add_row("open files (ulimit -n)", str(d.nofile))
-    limits.add_row("transparent huge pages (anon / shmem)", f"{d.thp} / {d.thp_shmem}")
-    limits.add_row("torch", d.torch or "not installed")
-    limits.add_row("torch.cuda.cudart()", d.torch_cudart)
-    for directory in args.checkpoint_dir or []:
-        ok, why = doctor.probe_direct_io(directory)
-        limits.add_row(f"checkpoints in {esc(directory)}", "O_DIRECT (disk speed, no page cache)" if ok else esc(why))
-    out.print(limits, soft_wrap=True)
-    if d.backend_note:
-        out.print(f"note: {esc(d.backend_note)}", soft_wrap=True, highlight=False)
-    if problems:
-        out.print(f"[bold red]verdict: staging {d.staging_bytes:,} bytes would fail[/]", soft_wrap=True)
-        for p in problems:
-            out.print(f"  - {esc(p)}", soft_wrap=True, highlight=False)
-        return 1
-    out.print(f"[bold green]verdict: staging {d.staging_bytes:,} bytes would work ({d.active} backend)[/]", soft_wrap=True)
-    return 0
+    doctor.render(d, _console(), args.checkpoint_dir or [], own_process=True)
+    return 1 if problems else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,17 @@
 """``hostreg doctor``: what hostreg can do on this machine, and whether staging will work.
 
 :func:`diagnose` gathers facts without changing anything (it registers nothing; probing a
-backend loads and initialises its runtime once); :func:`verdict` reads them.
+backend loads and initialises its runtime once); :func:`verdict` reads them; :func:`render`
+prints them as the ``hostreg doctor`` command does.
+
+The command runs in a process of its own, which cannot see what the user's program did to
+torch (Ascend's ``transfer_to_npu`` replacing ``torch.cuda``, ``import hostreg.auto``).
+:func:`report` runs the same diagnosis inside the program, where it sees those::
+
+    import torch_npu
+    from torch_npu.contrib import transfer_to_npu
+    import hostreg.doctor
+    hostreg.doctor.report()   # prints the report; returns the Diagnosis
 """
 
 from __future__ import annotations
@@ -9,8 +19,9 @@ from __future__ import annotations
 import os
 import resource
 import secrets
+import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from . import _hostreg, _proc
 
@@ -50,11 +61,16 @@ class Diagnosis:
     thp: str  #: transparent huge pages mode for anonymous memory
     thp_shmem: str  #: ... for tmpfs/shm
     torch: str | None  #: torch version, None if not installed
-    torch_cudart: str  #: whether torch's own cudart() works, in words
+    torch_cudart: str  #: whether torch's own cudart() works, in words (hostreg's drop-in aside)
+    pytorch_cudart: str = ""  #: what torch.cuda.cudart() gives PyTorch's code in this process now, in words
+    dropin: str = "not installed"  #: the state of hostreg's drop-in (hostreg.torch.install), in words
     locked_bytes: int = 0  #: memory this process has locked already (VmLck)
     backend_note: str = ""  #: a caveat of the active backend, if any
     staging_bytes: int = DEFAULT_BYTES  #: the size the verdict is for
     problems: list[str] = field(default_factory=list)  #: filled by verdict()
+    #: What will fail outside hostreg's own staging (PyTorch's pinning path), with the fix;
+    #: filled by verdict(), and no reason for ``hostreg doctor`` to exit 1.
+    warnings: list[str] = field(default_factory=list)
 
 
 def _thp(path: str) -> str:
@@ -67,21 +83,59 @@ def _thp(path: str) -> str:
     return text[start + 1 : end] if 0 <= start < end else text.strip()
 
 
-def _torch_cudart() -> tuple[str | None, str]:
+# What PyTorch's pinning path does with torch.cuda.cudart()'s answer (torch/utils/_pin_memory
+# paths: torch.distributed.checkpoint._state_dict_utils._create_cpu_state_dict and DCP's
+# DefaultStager call `torch.cuda.cudart().cudaHostRegister(ptr, size, 1)`; docs/pytorch.md).
+_PINNING = "PyTorch's pinning of shared memory (_create_cpu_state_dict(..., share_memory=True, pin_memory=True), DCP's DefaultStager with pinning on)"
+_FIX = ("the one-line fix: `import hostreg.auto` at the top of the program (or HOSTREG_AUTO_INSTALL=1 in its "
+        "environment), which routes torch.cuda.cudart() to hostreg where torch has no CUDA runtime")
+
+
+def _describe_cudart(call: Any, own: bool = False) -> tuple[str, str]:
+    """(in words, the crash it leads to or "") for what ``call()`` (a torch.cuda.cudart) gives;
+    ``own``: ``call`` is torch's own function."""
+    from ._cudart import cudart as hostreg_cudart
+
+    try:
+        rt = call()
+    except Exception as e:  # noqa: BLE001 -- reported, not handled
+        return f"fails: {type(e).__name__}: {e}", f"{type(e).__name__}: {e}"
+    if rt is None:
+        return "returns None", "AttributeError: 'NoneType' object has no attribute 'cudaHostRegister'"
+    if rt is hostreg_cudart():
+        if own:  # the drop-in set torch.cuda._cudart, which torch's own cudart() returns
+            return "returns torch.cuda._cudart, which hostreg's drop-in set (a CPU build of torch leaves it None)", ""
+        return "hostreg's cudart (the drop-in): registrations go through hostreg's active backend", ""
+    return "torch's own CUDA runtime", ""
+
+
+def _torch_state() -> tuple[str | None, str, str, str, str]:
+    """(torch version or None, torch's own cudart() in words, what PyTorch's code gets from
+    torch.cuda.cudart() now in words, the drop-in's state in words, the crash PyTorch's pinning
+    path meets in this process or "")."""
     try:
         import torch
     except ImportError:
-        return None, "torch not installed"
-    from . import torch as ht
+        return None, "torch not installed", "torch not installed", "not installed (no torch)", ""
+    from . import _dropin
 
-    original = getattr(torch.cuda.cudart, "__hostreg_original__", torch.cuda.cudart)
-    try:
-        rt = original()
-    except Exception as e:  # noqa: BLE001 -- reported, not handled
-        return torch.__version__, f"fails: {type(e).__name__}: {e}"
-    if rt is None:
-        return torch.__version__, "returns None"
-    return torch.__version__, "works" + (" (hostreg.torch installed, keeps it)" if ht.is_installed() else "")
+    current = torch.cuda.cudart
+    original = getattr(current, "__hostreg_original__", None)
+    own, own_crash = _describe_cudart(original or current, own=True)
+    if original is not None:
+        now, crash = _describe_cudart(current)
+        now = "hostreg's drop-in: torch's own runtime where it works, else hostreg's cudart" + (
+            "" if own_crash else " (torch's own works here)")
+        state = "installed: torch.cuda.cudart() answers with hostreg where torch has no CUDA runtime"
+    elif _dropin.is_installed():
+        now, crash = _describe_cudart(current)
+        state = ("installed, but torch.cuda.cudart was replaced after it (by "
+                 f"{getattr(current, '__module__', '?')}.{getattr(current, '__qualname__', '?')}): PyTorch's code calls that, "
+                 "not hostreg's; install hostreg's drop-in after whatever replaces it")
+    else:
+        now, crash = own, own_crash
+        state = "not installed" + (" (import hostreg.auto waits for torch.cuda)" if "hostreg.auto" in sys.modules else "")
+    return torch.__version__, own, now, state, crash
 
 
 def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
@@ -111,7 +165,7 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
         shm, shm_free = st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail
     except OSError:
         shm = shm_free = None
-    torch_version, torch_cudart = _torch_cudart()
+    torch_version, torch_cudart, pytorch_cudart, dropin, crash = _torch_state()
     return Diagnosis(
         backends=backends,
         auto=auto,
@@ -130,6 +184,9 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
         thp_shmem=_thp("/sys/kernel/mm/transparent_hugepage/shmem_enabled"),
         torch=torch_version,
         torch_cudart=torch_cudart,
+        pytorch_cudart=pytorch_cudart,
+        dropin=dropin,
+        warnings=[f"{_PINNING} will fail in this process with {crash}; {_FIX}"] if crash else [],
         locked_bytes=_proc.locked_bytes(),
         backend_note=_backend_note(active, backends),
         staging_bytes=staging_bytes,
@@ -156,7 +213,8 @@ def _backend_note(active: str, backends: list[BackendReport]) -> str:
 def verdict(d: Diagnosis) -> list[str]:
     """Problems that would make staging ``d.staging_bytes`` fail (empty: it would work).
 
-    Each names the limit and the fix. Also stored in ``d.problems``.
+    Each names the limit and the fix. Also stored in ``d.problems``. (What fails outside
+    hostreg's staging, PyTorch's own pinning path, is in ``d.warnings``, set by :func:`diagnose`.)
     """
     need = d.staging_bytes
     # Locking works in whole pages, and PyTorch's per-tensor path rounds every tensor up to
@@ -185,6 +243,99 @@ def verdict(d: Diagnosis) -> list[str]:
         )
     d.problems = problems
     return problems
+
+
+def render(d: Diagnosis, console: Any, checkpoint_dirs: tuple[str, ...] | list[str] = (), *, own_process: bool = False) -> None:
+    """Print ``d`` (after :func:`verdict`) to ``console`` (a ``rich.console.Console``) as
+    ``hostreg doctor`` does: the backends, the limits that decide staging, the drop-in's state,
+    the verdict and the warnings. Each table has at most three columns, so that at 80 columns
+    a reason still reads as a sentence. ``checkpoint_dirs``: directories whose O_DIRECT
+    support is probed (:func:`probe_direct_io`) and shown. ``own_process``: the diagnosis is of
+    a process of its own (the command), not the user's program: say how to see the program's."""
+    from rich.markup import escape as esc
+    from rich.table import Table
+
+    def size(n: int | None) -> str:
+        return "unlimited" if n is None else f"{n:,} bytes ({n / 2**30:.2f} GiB)"
+
+    backends = Table(title="hostreg doctor: backends (HOSTREG_BACKEND=auto tries them in this order)")
+    backends.add_column("backend", no_wrap=True)
+    backends.add_column("available", no_wrap=True)
+    backends.add_column("runtime and capabilities, or why not", overflow="fold")
+    for b in d.backends:
+        mark = (" [bold](auto)[/]" if b.name == d.auto else "") + (" [bold green](active)[/]" if b.name == d.active else "")
+        runtime = " ".join(x for x in (b.library, f"({b.version})" if b.version and b.library else b.version) if x)
+        detail = describe_capabilities(b) if b.available else b.detail
+        backends.add_row(b.name + mark, "yes" if b.available else "no", esc("\n".join(x for x in (runtime, detail) if x)))
+    console.print(backends, soft_wrap=False)
+
+    limits = Table(title="limits that decide staging", show_header=False)
+    limits.add_column("what", ratio=2)
+    limits.add_column("value", ratio=3, overflow="fold")
+    limits.add_row("HOSTREG_BACKEND", esc(d.requested))
+    limits.add_row("active backend", esc(d.active + (f" ({d.active_reason})" if d.active_reason else "")))
+    limits.add_row("RLIMIT_MEMLOCK (ulimit -l)", size(d.memlock_bytes))
+    limits.add_row("CAP_IPC_LOCK", "held" if d.cap_ipc_lock else "not held")
+    limits.add_row("locked by this process (VmLck)", size(d.locked_bytes))
+    shm_label = d.shm_dir + (" (HOSTREG_SHM_DIR)" if os.environ.get("HOSTREG_SHM_DIR") else "")
+    shm_room = "no size limit (ramfs, tmpfs size=0, hugetlbfs without size=)" if d.shm_bytes == 0 else (
+        f"{size(d.shm_bytes)} / {size(d.shm_free_bytes)}")
+    limits.add_row(f"{esc(shm_label)} size / free", esc(d.shm_dir_problem or shm_room))
+    limits.add_row("open files (ulimit -n)", str(d.nofile))
+    limits.add_row("transparent huge pages (anon / shmem)", f"{d.thp} / {d.thp_shmem}")
+    for directory in checkpoint_dirs:
+        ok, why = probe_direct_io(directory)
+        limits.add_row(f"checkpoints in {esc(directory)}", "O_DIRECT (disk speed, no page cache)" if ok else esc(why))
+    console.print(limits)
+
+    pytorch = Table(title="PyTorch in this process", show_header=False)
+    pytorch.add_column("what", ratio=2)
+    pytorch.add_column("value", ratio=3, overflow="fold")
+    pytorch.add_row("torch", d.torch or "not installed")
+    pytorch.add_row("torch's own torch.cuda.cudart()", esc(d.torch_cudart))
+    pytorch.add_row("hostreg's drop-in", esc(d.dropin))
+    pytorch.add_row("torch.cuda.cudart() as PyTorch calls it now", esc(d.pytorch_cudart))
+    console.print(pytorch)
+
+    if d.backend_note:
+        console.print(f"note: {esc(d.backend_note)}", highlight=False)
+    if d.problems:
+        console.print(f"[bold red]verdict: staging {d.staging_bytes:,} bytes would fail[/]")
+        for p in d.problems:
+            console.print(f"  - {esc(p)}", highlight=False)
+    else:
+        console.print(f"[bold green]verdict: staging {d.staging_bytes:,} bytes would work ({d.active} backend)[/]")
+    for w in d.warnings:
+        console.print(f"[bold yellow]warning:[/] {esc(w)}", highlight=False)
+    if own_process:
+        console.print(
+            "(this is a process of its own: what your program does to torch, such as Ascend's transfer_to_npu or "
+            "`import hostreg.auto`, shows when the program calls hostreg.doctor.report() after its setup)",
+            highlight=False,
+        )
+
+
+def report(
+    staging_bytes: int = DEFAULT_BYTES, *, file: IO[str] | None = None, width: int | None = None,
+    checkpoint_dirs: tuple[str, ...] | list[str] = (),
+) -> Diagnosis:
+    """Diagnose this process and print the report ``hostreg doctor`` prints, to ``file``
+    (default ``sys.stderr``), ``width`` columns wide (default: the terminal's, else 80).
+
+    Unlike the command, this sees what the program has done to torch: Ascend's
+    ``transfer_to_npu`` (after which torch's own ``torch.cuda.cudart()`` returns None), whether
+    hostreg's drop-in is installed, and whether something replaced ``torch.cuda.cudart`` after
+    it. Call it where the program saves, after its setup. Registers nothing; imports torch if
+    it is installed. Returns the :class:`Diagnosis` (``problems``: what would make staging
+    ``staging_bytes`` bytes fail; ``warnings``: what will fail in PyTorch's own pinning path,
+    with the fix). Raises ``ValueError`` unless ``staging_bytes`` > 0.
+    """
+    from rich.console import Console
+
+    d = diagnose(staging_bytes)
+    verdict(d)
+    render(d, Console(file=file or sys.stderr, width=width, highlight=False), checkpoint_dirs)
+    return d
 
 
 def to_json(d: Diagnosis) -> dict[str, Any]:

@@ -367,6 +367,61 @@ def test_doctor_table_names_the_posix_caveat():
     assert "not registered with any device's DMA engine" in r.stdout and "verdict: staging" in r.stdout
 
 
+REPORT_IN_A_PROGRAM = r"""
+import io, json, sys
+import torch, torch.cuda
+import hostreg.doctor
+
+def report(title):
+    out = io.StringIO()
+    d = hostreg.doctor.report(4096, file=out, width=80)
+    print(json.dumps({"title": title, "text": out.getvalue(), "dropin": d.dropin, "now": d.pytorch_cudart,
+                      "own": d.torch_cudart, "warnings": d.warnings, "problems": d.problems}))
+
+torch.cuda.is_initialized = lambda: True   # what Ascend's transfer_to_npu does: torch's cudart() returns None
+report("ascend")
+import hostreg.auto                          # the fix the report names
+report("fixed")
+torch.cuda.cudart = lambda: None             # something replaces torch.cuda.cudart after the drop-in
+report("replaced")
+"""
+
+
+def test_doctor_report_in_the_program_sees_the_ascend_state_and_the_dropin():
+    r = run_python(REPORT_IN_A_PROGRAM, env={"HOSTREG_BACKEND": "posix"})
+    assert r.returncode == 0, r.stderr
+    ascend, fixed, replaced = (json.loads(line) for line in r.stdout.splitlines())
+    # Before: torch's cudart() returns None, PyTorch's pinning would crash, and the report says
+    # with what and how to fix it; hostreg's own staging would still work.
+    assert ascend["own"] == ascend["now"] == "returns None" and ascend["dropin"] == "not installed"
+    assert not ascend["problems"] and len(ascend["warnings"]) == 1
+    warning = " ".join(ascend["text"].split())  # the text as printed, its line breaks aside
+    assert "will fail in this process with AttributeError: 'NoneType' object has no attribute 'cudaHostRegister'" in warning
+    assert "`import hostreg.auto`" in warning and "would work (posix backend)" in warning
+    # After `import hostreg.auto`: installed, PyTorch's code gets hostreg's cudart, no warning.
+    assert fixed["own"] in ("returns None", "returns torch.cuda._cudart, which hostreg's drop-in set (a CPU build of torch leaves it None)")
+    assert fixed["dropin"].startswith("installed: ")
+    assert fixed["now"].startswith("hostreg's drop-in") and fixed["warnings"] == []
+    assert "warning" not in fixed["text"]
+    # Replaced afterwards: said, with the crash it leads to.
+    assert fixed["dropin"] != replaced["dropin"] and "replaced after it" in replaced["dropin"]
+    assert replaced["now"] == "returns None" and len(replaced["warnings"]) == 1
+    # At 80 columns every line fits, and the reasons' column is wide enough to read a sentence
+    # in (it was 14 characters: a word a line).
+    lines = ascend["text"].splitlines()
+    assert max(map(len, lines)) <= 80
+    header = next(line for line in lines if "why not" in line)
+    assert len(header.split("┃")[3]) >= 36, header
+
+
+def test_doctor_command_says_it_is_a_process_of_its_own():
+    r = subprocess.run([HOSTREG, "doctor"], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": "80", "HOSTREG_BACKEND": "posix"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert table_row(r.stdout, "hostreg's drop-in") == "not installed"
+    assert "when the program calls hostreg.doctor.report() after its setup" in " ".join(r.stdout.split())
+
+
 @pytest.mark.parametrize("backend", list(VENDORS))
 def test_stage_runs_through_each_double(backend: str):
     r = subprocess.run(
