@@ -124,8 +124,10 @@ def _torch_state() -> tuple[str | None, str, str, str, str]:
     own, own_crash = _describe_cudart(original or current, own=True)
     if original is not None:
         now, crash = _describe_cudart(current)
-        now = "hostreg's drop-in: torch's own runtime where it works, else hostreg's cudart" + (
-            "" if own_crash else " (torch's own works here)")
+        if now.startswith("hostreg's cudart"):
+            now = "hostreg's cudart, through the drop-in (torch has no CUDA runtime here)"
+        elif not crash:
+            now = "torch's own CUDA runtime, through the drop-in (which keeps it where it works)"
         state = "installed: torch.cuda.cudart() answers with hostreg where torch has no CUDA runtime"
     elif _dropin.is_installed():
         now, crash = _describe_cudart(current)
