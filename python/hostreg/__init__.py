@@ -15,10 +15,12 @@ Main entry points:
 from __future__ import annotations
 
 from ._cudart import CudaRuntime, cudart
-from ._errors import StagingError, cudaError
+from ._errors import HostregError, StagingError, cudaError
 from ._core import (
     HostRegisterFlags,
+    LastError,
     Registration,
+    Stats,
     backend,
     host_get_device_pointer,
     host_get_flags,
@@ -37,8 +39,11 @@ __version__ = "0.1.0"
 __all__ = [
     "CudaRuntime",
     "HostRegisterFlags",
+    "HostregError",
+    "LastError",
     "Registration",
     "StagingError",
+    "Stats",
     "backend",
     "cudaError",
     "cudart",

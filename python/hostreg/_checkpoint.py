@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
 from . import _container, _hostreg
 from ._core import last_error
+from ._errors import HostregError
 
 __all__ = ["FileSystemReader", "FileSystemWriter"]
 
@@ -115,7 +116,7 @@ def _raise_io(what: str) -> None:
     err = last_error()
     if err.native > 0:
         raise OSError(err.native, f"{what}: {err.message}")
-    raise RuntimeError(f"{what}: {err.code}: {err.message}")
+    raise HostregError(f"{what}: {err.code}: {err.message}")
 
 
 def _address(buf: bytearray) -> int:

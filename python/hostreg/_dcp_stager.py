@@ -29,7 +29,7 @@ import torch
 from . import _core, _tree
 from ._arena import Arena, leaves_on
 from ._copy import CopyPlan, source_key
-from ._errors import StagingError
+from ._errors import HostregError, StagingError
 from ._layout import Flat, Prepared, flatten_checked, layout_of
 from ._state_dict import StagedCopy, allocate_staged_copy
 
@@ -98,7 +98,8 @@ class Stager:
     The constructor raises :class:`hostreg.StagingError` when the staging thread cannot be
     started. ``stage()`` raises :class:`hostreg.StagingError` when memory cannot be reserved or
     locked, ``TypeError`` for state dicts that are not dicts or hold unsupported tensors
-    (naming the entry), ``RuntimeError`` after :meth:`close`. In async mode these are raised by
+    (naming the entry), :class:`hostreg.HostregError` (a ``RuntimeError``) after :meth:`close`.
+    In async mode these are raised by
     ``stage()`` itself wherever they can be known without the staging thread: the argument,
     every tensor's kind, and, for the stager's first arena, the room for it (the shared-memory
     directory's free space, ``RLIMIT_MEMLOCK`` where the backend locks pages with ``mlock``).
@@ -108,7 +109,9 @@ class Stager:
     staging_future.done(): ... else: return_staging_future.set_result(None)``). The rest (a
     later arena's memory, a wait for a busy buffer, the copy) is set on the future and
     re-raised by :meth:`synchronize_staging`; ``stage()`` never waits for the staging thread.
-    Call :meth:`close` after the last save (DCP does not close a stager it did not create).
+    Call :meth:`close` after the last save (DCP does not close a stager it did not create),
+    or use the stager as a context manager (``with Stager(...) as stager:``), which closes it
+    on leaving.
     """
 
     _synchronize_after_execute: bool = False  # sync: stage() returns once the copy is done
@@ -160,6 +163,12 @@ class Stager:
             # never the caller's compute stream.
             self._stream = torch.Stream()
 
+    def __enter__(self) -> Stager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def should_synchronize_after_execute(self) -> bool:
         return self._synchronize_after_execute
@@ -170,7 +179,7 @@ class Stager:
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict, not {type(state_dict).__name__}")
         if self._closed:
-            raise RuntimeError("Stager.stage() after close()")
+            raise HostregError("Stager.stage() after close()")
         # On the caller's thread, at save time (the runtime and its device are set up by then):
         # the staging thread registers for the caller's device (AscendCL's contexts are per thread).
         _core.note_caller_device()
@@ -192,7 +201,7 @@ class Stager:
             ready.record()
         with self._submit:  # never the pool's lock: the worker may hold that for seconds
             if self._closed:
-                raise RuntimeError("Stager.stage() after close()")
+                raise HostregError("Stager.stage() after close()")
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hostreg-stager")
                 self._worker = None  # learned by the first task below
@@ -234,7 +243,7 @@ class Stager:
             self._worker = threading.get_ident()
         with self._pool_lock:
             if self._released:
-                raise RuntimeError("Stager.stage() after close()")
+                raise HostregError("Stager.stage() after close()")
             with _collector_paused():
                 if flat is None:
                     flat = flatten_checked(state_dict)
@@ -277,7 +286,7 @@ class Stager:
         """Wait for staging in progress, then unregister and release every arena. Idempotent,
         and callable from any thread, the staging thread's own included (a future's
         done-callback runs there): then the staging that just finished is the one in progress,
-        and stagings still queued behind it fail with ``RuntimeError`` on their futures. A
+        and stagings still queued behind it fail with :class:`hostreg.HostregError` on their futures. A
         staging still waiting for a free buffer fails the same way. Tensors still held
         elsewhere stay valid (no longer page-locked) until they are gone."""
         self._closed = True  # no stage() from here on; a staging waiting for a buffer gives up
@@ -329,7 +338,7 @@ class Stager:
                 self.arenas_created += 1
                 return buf
             if self._closed:
-                raise RuntimeError("Stager.close() while this staging waited for a free buffer")
+                raise HostregError("Stager.close() while this staging waited for a free buffer")
             if waited > self.wait_timeout_s:
                 raise StagingError(
                     f"all {self.max_buffers} staging buffers are still in use by earlier saves' writers after "

@@ -169,6 +169,14 @@ class cudaError(enum.IntEnum):  # noqa: N801 -- CUDA's and torch's name
         return format(str(self), spec)
 
 
-class StagingError(RuntimeError):
+class HostregError(RuntimeError):
+    """The base of the exceptions hostreg raises for failures of its own (a ``RuntimeError``,
+    so code that catches those still does): :class:`StagingError`, a stager used after
+    ``close()``, a staging arena another process could not map, a checkpoint file call that
+    failed without an OS error. Bad arguments raise ``ValueError`` / ``TypeError`` as usual,
+    and OS failures ``OSError``."""
+
+
+class StagingError(HostregError):
     """Staging could not be done or verified; the message names the cause and the limit
     (``RLIMIT_MEMLOCK``, ``/dev/shm`` size, ...). Nothing is left allocated or locked."""

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from . import _hostreg
+from ._errors import HostregError
 
 # Which arena an address lies in is answered by the extension (``_hostreg.arena_of``): its
 # index of live buffers changes only inside C++ calls, with the GIL held, so no Python
@@ -109,7 +110,7 @@ def _attach(dup: Any, size: int) -> Any:
     code, buf = _hostreg.staging_buffer_attach(dup.detach(), size)
     if code != 0:
         _, native, message = _hostreg.last_error()
-        raise RuntimeError(f"hostreg: cannot map a staging arena passed from another process: {message}")
+        raise HostregError(f"hostreg: cannot map a staging arena passed from another process: {message}")
     track(buf)
     return buf
 

@@ -206,11 +206,36 @@ def test_close_releases_everything():
     assert hostreg.stats().registrations == regs0
     assert hostreg.locked_bytes() == locked0
     assert torch.equal(d1["w"], want), "tensors still held must stay valid after close()"
-    with pytest.raises(RuntimeError):
+    with pytest.raises(hostreg.HostregError, match="after close"):  # the family, and a RuntimeError
         stager.stage({"w": torch.randn(1 << 18), "b": torch.ones(3)})
     del d1, d2
     gc.collect()
     assert shm_fds() == fds0, "shared-memory descriptors outlived the stager and its tensors"
+
+
+def test_a_stager_as_a_context_manager_closes_on_leaving_also_on_an_exception():
+    gc.collect()
+    regs0, locked0 = hostreg.stats().registrations, hostreg.locked_bytes()
+    with ht.Stager(async_staging=True) as stager:
+        staged = stager.stage({"w": torch.ones(1 << 18)}).result()
+        assert hostreg.stats().registrations == regs0 + 1 and hostreg.locked_bytes() - locked0 >= 1 << 20
+    assert hostreg.stats().registrations == regs0 and hostreg.locked_bytes() == locked0
+    assert torch.equal(staged["w"], torch.ones(1 << 18)), "tensors still held stay valid after the block"
+    with pytest.raises(KeyError), ht.Stager() as second:
+        second.stage({"w": torch.ones(1 << 18)})
+        raise KeyError("the training loop failed")
+    assert hostreg.stats().registrations == regs0 and hostreg.locked_bytes() == locked0
+    with pytest.raises(RuntimeError, match="after close"):
+        second.stage({"w": torch.ones(3)})
+
+
+def test_hostreg_errors_are_one_family_importable_from_hostreg():
+    from hostreg import HostregError, LastError, StagingError, Stats
+
+    assert issubclass(StagingError, HostregError) and issubclass(HostregError, RuntimeError)
+    assert isinstance(hostreg.stats(), Stats) and isinstance(hostreg.last_error(), LastError)
+    with pytest.raises(HostregError, match="cannot stage"):  # a size no address space holds
+        ht.Arena(1 << 64)
 
 
 def test_stage_rejects_non_dict(stager):
