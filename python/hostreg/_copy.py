@@ -13,6 +13,7 @@ per span, on the given side stream if any) and synchronised before returning. An
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import weakref
 from typing import Any, Iterator
@@ -131,7 +132,7 @@ class CopyPlan:
         self._weak = weak
         self.ids = list(map(id, dst))
         self._measure([local_of(t) for t in dst])
-        self._src_key: list[tuple] | None = None
+        self._src_key: object = None  # what the sources' check and grouping were last done for
         self._fast = False
         self._replay: tuple | None = None  # (source_key, memcpy batch) of the last copy, all on the CPU
 
@@ -199,14 +200,21 @@ class CopyPlan:
             self._measure(dlocals)  # a destination was replaced, moved or reshaped: measure again
             self._src_key = None
         slocals = [local_of(t) for t in src]
-        storages = [t.untyped_storage() for t in slocals]
-        views = [(st.data_ptr(), t.storage_offset(), *_leaf_key(t)) for st, t in zip(storages, slocals)]
+        # What the sources' check, grouping and fast-path decision below depend on: the key
+        # when the caller gives one (it changes whenever the sources' places or views do),
+        # else their storages' addresses and views.
+        storages: list[Any] | None = None
+        if key is not None:
+            views: object = key
+        else:
+            storages = [t.untyped_storage() for t in slocals]
+            views = [(st.data_ptr(), t.storage_offset(), *_leaf_key(t)) for st, t in zip(storages, slocals)]
         if views != self._src_key:  # the sources' storages or views changed since the last copy
-            _check_sources(slocals, storages)
+            _check_sources(slocals, storages if storages is not None else [t.untyped_storage() for t in slocals])
             sg = grouping if grouping is not None else group(slocals)
             same_views = all(
-                k[2:4] == d[0:2] if own else k[2:5] == d[0:3]
-                for k, d, s, own in zip(views, self.dkeys, sg.group, sg.own)
+                _leaf_key(t)[0:2] == d[0:2] if own else _leaf_key(t)[0:3] == d[0:3]
+                for t, d, s, own in zip(slocals, self.dkeys, sg.group, sg.own)
                 if s >= 0
             )
             self._fast = same_views and sg.shape_key() == self.grouping.shape_key()
@@ -325,3 +333,22 @@ def _bytes_at(t: torch.Tensor, ptr: int, n: int) -> torch.Tensor:
     """A uint8 tensor over the n bytes at address ptr of t's storage."""
     st = t.untyped_storage()
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(st, ptr - st.data_ptr(), (n,), (1,))
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused (if it was on) for a few milliseconds of staging.
+    Staging makes several small objects per tensor (the layout's records, the sources' keys, a
+    tensor object per leaf, the new dict's items); with thousands of tensors their allocations
+    set off collections, and the full ones walk every object of the process (torch's
+    included): 80-100 ms, now and then, in a copy_state_dict of 5,000 tensors that otherwise
+    takes 17 ms, on this project's test machine. Nothing is lost: the collector runs as usual
+    once it is on again."""
+    was_on = gc.isenabled()
+    if was_on:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()

@@ -15,20 +15,19 @@ buffer of the right structure is busy, ``stage()`` waits briefly, then uses anot
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import gc
 import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from . import _core, _tree
 from ._arena import Arena, leaves_on
-from ._copy import CopyPlan, source_key
+from ._copy import CopyPlan, collector_paused, source_key
 from ._errors import HostregError, StagingError
 from ._layout import Flat, Prepared, flatten_checked, layout_of
 from ._state_dict import StagedCopy, allocate_staged_copy
@@ -244,7 +243,7 @@ class Stager:
         with self._pool_lock:
             if self._released:
                 raise HostregError("Stager.stage() after close()")
-            with _collector_paused():
+            with collector_paused():
                 if flat is None:
                     flat = flatten_checked(state_dict)
                 key = source_key(flat[0])
@@ -256,7 +255,7 @@ class Stager:
             tensors, values = prepared[1], prepared[2]
             if ready is not None and self._stream is not None:
                 self._stream.wait_event(ready)
-            with _collector_paused():
+            with collector_paused():
                 # _acquire has just seen the buffer's storages unmoved, under the pool lock
                 # _layout_for's grouping is these sources' (computed from them now, or from sources
                 # of an equal key); a layout the caller's thread made earlier may be older than them
@@ -345,24 +344,6 @@ class Stager:
                     f"{self.wait_timeout_s:g} s; wait for the previous save's future, or raise max_buffers"
                 )
             time.sleep(0.01)
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused (if it was on) for a few milliseconds of staging.
-    Staging makes several small objects per tensor (the layout's records, a tensor object per
-    leaf, the new dict's items); with thousands of tensors their allocations set off
-    collections, and the full ones walk every object of the process (torch's included): about
-    10 ms of every restage of 5,000 tensors on this project's test machine. Nothing is lost:
-    the collector runs as usual once it is on again."""
-    was_on = gc.isenabled()
-    if was_on:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
 
 
 def _settle(done: Future, f: Future) -> None:

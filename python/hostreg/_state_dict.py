@@ -24,7 +24,7 @@ import torch
 
 from . import _sharing, _tree
 from ._arena import Arena, leaves_on
-from ._copy import CopyPlan, source_key
+from ._copy import CopyPlan, collector_paused, source_key
 from ._layout import ALIGNMENT, Layout, Prepared, layout_of, local_of
 
 __all__ = ["ALIGNMENT", "Arena", "StagedCopy", "copy_state_dict", "create_cpu_state_dict", "allocate_staged_copy"]
@@ -74,7 +74,8 @@ def create_cpu_state_dict(state_dict: Any, pin_memory: bool = True, share_memory
     message names the limit), ``TypeError`` for tensors it cannot place (ShardedTensor, sparse,
     nested, quantized; the message names the entry).
     """
-    return allocate_staged_copy(state_dict, pin_memory=pin_memory, share_memory=share_memory).state_dict
+    with collector_paused():
+        return allocate_staged_copy(state_dict, pin_memory=pin_memory, share_memory=share_memory).state_dict
 
 
 # Copy plans of staged dicts, beside the arena their tensors live in (a staged dict is a plain
@@ -97,6 +98,11 @@ def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
     Raises ``ValueError`` when the keys or a tensor's shape differ, when a source overlaps a
     destination, or when destinations tied together (one storage) have sources that are not.
     """
+    with collector_paused():
+        return _copy_state_dict(src, dst, threads)
+
+
+def _copy_state_dict(src: Any, dst: Any, threads: int) -> Any:
     s_list, _, s_spec = _tree.flatten(src)
     d_list, _, d_spec = _tree.flatten(dst)
     if s_spec != d_spec:  # keys in another order (go by key, as PyTorch does), or other keys
