@@ -7,12 +7,26 @@
 // joined before it returns.
 #pragma once
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <thread>
 #include <vector>
 
 namespace hostreg {
+
+// The CPUs the calling thread may run on (sched_getaffinity(2): a container's cpuset, taskset,
+// numactl), at least 1: the default thread count of every parallel job here.
+// std::thread::hardware_concurrency counts every CPU of the machine instead, which
+// oversubscribes a container given a few of them. Falls back to it where the affinity mask
+// cannot be read (a machine of more than CPU_SETSIZE, 1,024, CPUs).
+inline unsigned usable_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return static_cast<unsigned>(CPU_COUNT(&set));
+    return std::max(1u, std::thread::hardware_concurrency());
+}
 
 // [begin, end) of part i when len bytes are cut into `parts` shares, each a multiple of
 // `align` (a power of two) except the last: together they cover [0, len) exactly once.

@@ -151,7 +151,7 @@ Status prepare_memory(void* ptr, size_t bytes, int fd) {
     const uintptr_t first = reinterpret_cast<uintptr_t>(ptr) & ~(page - 1);
     const size_t len = reinterpret_cast<uintptr_t>(ptr) + bytes - first;
     const size_t threads =
-        std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(), len / kMinPopulateBytes));
+        std::max<size_t>(1, std::min<size_t>(usable_cpus(), len / kMinPopulateBytes));
     std::vector<int> errs(threads, 0);
     run_parts(threads, [&](size_t t) {
         const Span s = part_of(len, threads, page, t);

@@ -1,6 +1,7 @@
 // test_parallel.cpp: staging/parallel.hpp's split covers every byte exactly once, for lengths and
 // part counts chosen at random (a property test: 20,000 cases from a fixed seed, plus the
-// edges), and run_parts runs every part once whatever the OS refuses.
+// edges), run_parts runs every part once whatever the OS refuses, and the default thread count
+// follows the affinity mask.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -55,6 +56,28 @@ TEST(RunParts, RunsEveryPartOnce) {
         run_parts(parts, [&](size_t i) { ran[i]++; });
         for (size_t i = 0; i < parts; ++i) EXPECT_EQ(ran[i], 1) << parts << " parts, part " << i;
     }
+}
+
+}  // namespace
+
+namespace {
+
+// The default thread count follows the CPUs this thread may run on, not the machine's: a
+// container given one CPU of many gets one thread per job.
+TEST(UsableCpus, FollowTheAffinityMaskNotTheMachine) {
+    cpu_set_t before;
+    ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+    const unsigned all = hostreg::usable_cpus();
+    EXPECT_EQ(all, static_cast<unsigned>(CPU_COUNT(&before)));
+    int first = 0;
+    while (!CPU_ISSET(first, &before)) ++first;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    EXPECT_EQ(hostreg::usable_cpus(), 1u);
+    ASSERT_EQ(sched_setaffinity(0, sizeof before, &before), 0);
+    EXPECT_EQ(hostreg::usable_cpus(), all);
 }
 
 }  // namespace
