@@ -34,7 +34,9 @@ from ._core import (
 )
 from ._proc import locked_bytes
 
-__version__ = "0.1.0"
+from ._hostreg import version as _library_version
+
+__version__: str = _library_version()  #: the C library's (CMakeLists.txt's project version, the one place it is written)
 
 __all__ = [
     "CudaRuntime",

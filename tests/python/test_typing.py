@@ -1,4 +1,5 @@
-"""The package is typed: py.typed, generated stubs for the extension, and mypy passes."""
+"""The package is typed (py.typed, generated stubs for the extension, mypy passes) and says
+one version, written in one place."""
 
 from __future__ import annotations
 
@@ -27,3 +28,17 @@ def test_mypy_passes_on_the_installed_package():
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Success: no issues found" in r.stdout
+
+
+def test_the_version_is_written_in_one_place():
+    # CMakeLists.txt's project() is the source: the C library reports it, the Python package
+    # takes it from the library, the wheel's metadata from CMakeLists.txt (scikit-build-core's
+    # regex provider), and scripts/test-install reads it there too.
+    import importlib.metadata
+    import re
+
+    written = re.search(r"project\(hostreg VERSION ([0-9.]+)", (REPO / "CMakeLists.txt").read_text()).group(1)
+    assert hostreg.__version__ == _hostreg.version() == importlib.metadata.version("hostreg") == written
+    literal = re.compile(re.escape(written).replace(r"\.", r"\.") + r"\b")
+    for path in [REPO / "pyproject.toml", REPO / "python/hostreg/__init__.py", REPO / "scripts/test-install"]:
+        assert not literal.search(path.read_text()), f"{path.name} writes the version {written} again"
