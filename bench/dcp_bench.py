@@ -58,7 +58,7 @@ from torch.distributed.checkpoint import state_dict_saver
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 import hostreg.torch as ht
-from hostreg.models import MODELS, GPT
+from hostreg.cli.models import MODELS, GPT
 
 MiB = 1 << 20
 STAGERS = ["hostreg sync", "hostreg async", "DCP pinned sync", "DCP async"]

@@ -76,7 +76,7 @@ from torch.futures import Future  # noqa: E402
 import hostreg  # noqa: E402
 import hostreg.torch as ht  # noqa: E402
 from dcp_bench import MiB, free_port, fsdp_state_dict, plain_state_dict, state_bytes  # noqa: E402
-from hostreg._ceiling import fio  # noqa: E402
+from hostreg.cli.ceiling import fio  # noqa: E402
 
 class NoStorage(StorageWriter):
     """A DCP StorageWriter that stores nothing: what dcp.async_save costs on its own (planning,

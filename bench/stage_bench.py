@@ -38,7 +38,7 @@ from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_st
 import hostreg
 import hostreg.torch as ht
 from hostreg import _hostreg
-from hostreg.models import MODELS, GPT
+from hostreg.cli.models import MODELS, GPT
 
 libc = ctypes.CDLL(None, use_errno=True)
 

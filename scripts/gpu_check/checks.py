@@ -24,7 +24,7 @@ def step_build(ctx: Any, rows: dict[str, Row]) -> None:
     rows["1a"].result = a.build_status or "INFO"
     rows["1a"].figure = a.build_detail or "not built by gpu_check.sh (hostreg as found on sys.path)"
     code = ("import sys; sys.modules['rich'] = None  # any `import rich` now raises ImportError\n"
-            "import hostreg, hostreg.torch, hostreg.models\nprint(hostreg.__file__); print(hostreg.backend())\n")
+            "import hostreg, hostreg.torch, hostreg.cli.models\nprint(hostreg.__file__); print(hostreg.backend())\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=os.environ)
     ctx.log(f"import check rc={r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
     if r.returncode != 0:

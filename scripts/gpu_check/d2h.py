@@ -24,7 +24,7 @@ TARGET_STAGING = 3.0  # hostreg's time to a staged copy >= 3x faster than PyTorc
 
 def model(ctx: Any, name: str) -> dict:
     """A GPT-2-shaped state dict made on the device (meta, then to_empty: no slow init)."""
-    from hostreg.models import GPT, MODELS
+    from hostreg.cli.models import GPT, MODELS
 
     with ctx.torch.device("meta"):
         m = GPT(MODELS[name])

@@ -24,7 +24,7 @@ def state_dict(ctx: Any) -> dict:
 
 
 def tensors(sd: Any) -> list[Any]:
-    from hostreg._tree import flatten
+    from hostreg.torch._tree import flatten
 
     return flatten(sd)[0]
 

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import hostreg.torch as ht
-from hostreg import _container
+from hostreg.torch import _container
 
 from conftest import run_python
 from ranks import app_state, build, differences, full_values, run_ranks, train_step
@@ -383,7 +383,7 @@ def test_a_file_laid_out_in_parts_is_written_while_the_next_is_laid_out(tmp_path
     """With parts of a few items, the file is every part's bytes in order (zeros between
     them, up to each block): the stock reader and dcp_to_torch_save read every item, and every
     container is a valid ZIP."""
-    from hostreg import _checkpoint
+    from hostreg.torch import _checkpoint
 
     monkeypatch.setattr(_checkpoint, "PART_ITEMS", 3)
     monkeypatch.setattr(_checkpoint, "PART_BYTES", 1)
@@ -415,7 +415,7 @@ def test_a_file_laid_out_in_parts_is_written_while_the_next_is_laid_out(tmp_path
 
 
 def test_a_part_that_fails_stops_the_file_and_leaves_no_file_thread_or_descriptor(tmp_path: Path, monkeypatch):
-    from hostreg import _checkpoint
+    from hostreg.torch import _checkpoint
 
     monkeypatch.setattr(_checkpoint, "PART_ITEMS", 3)
     monkeypatch.setattr(_checkpoint, "PART_BYTES", 1)
@@ -443,7 +443,7 @@ def test_ctrl_c_while_a_part_is_written_waits_for_it_before_the_file_goes(tmp_pa
     """An interrupt that reaches the caller while it waits for the writer's thread to write a
     part: the descriptor is closed and the file removed only once that write has ended (a
     write to a closed, maybe reused, descriptor would land in another file)."""
-    from hostreg import _checkpoint
+    from hostreg.torch import _checkpoint
 
     monkeypatch.setattr(_checkpoint, "PART_ITEMS", 3)
     monkeypatch.setattr(_checkpoint, "PART_BYTES", 1)

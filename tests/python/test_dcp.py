@@ -1,4 +1,4 @@
-"""hostreg.torch.Stager as DCP's AsyncStager (python/hostreg/_dcp_stager.py) with
+"""hostreg.torch.Stager as DCP's AsyncStager (python/hostreg/torch/_stager.py) with
 torch.distributed.checkpoint: round trips, constant resources across saves (PyTorch
 #170163), no reuse of a buffer a writer still reads (Megatron-LM PR #2288), close(), and
 two ranks over gloo (thread and background-process checkpointers)."""

@@ -68,7 +68,7 @@ def check_staged(sd: dict, staged: dict) -> None:
     a local shard in the arena, and stages the tied weight once."""
     from torch.distributed.tensor import DTensor
 
-    from hostreg import _sharing
+    from hostreg.torch import _sharing
 
     dtensors = 0
     for key, src in sd["model"].items():

@@ -100,7 +100,7 @@ def test_dry_run_through_the_cmake_build(tmp_path: Path):
     assert rows["1b"][1] == "PASS" and str(build / "py/hostreg") in rows["1b"][2]
     assert (rows["2"][1], rows["3"][1]) == ("INFO", "PASS")
     pkg = build / "py/hostreg"
-    assert any(pkg.glob("_hostreg*.so")) and any(pkg.glob("libhostreg.so*")) and (pkg / "torch.py").is_file()
+    assert any(pkg.glob("_hostreg*.so")) and any(pkg.glob("libhostreg.so*")) and (pkg / "torch" / "__init__.py").is_file()
 
 
 def test_a_differing_answer_fails_the_differential_step(tmp_path: Path):

@@ -330,7 +330,7 @@ def test_a_collection_while_the_arena_index_is_locked_does_not_hang():
         r = child(
             """
             import gc, torch, hostreg.torch as ht
-            from hostreg import _sharing
+            from hostreg.torch import _sharing
             sd = ht.create_cpu_state_dict({"w": torch.zeros(4)})
             cycle = [sd]; cycle.append(cycle)
             del sd, cycle
@@ -353,7 +353,7 @@ def test_an_interrupt_during_arena_creation_leaves_every_live_arena_known():
     r = child(
         """
         import sys, torch, hostreg, hostreg.torch as ht
-        from hostreg import _sharing
+        from hostreg.torch import _sharing
         from multiprocessing.reduction import ForkingPickler
         live = ht.create_cpu_state_dict({"w": torch.ones(1000)})
         ptr = live["w"].data_ptr()
@@ -388,7 +388,7 @@ def test_a_fork_while_another_thread_holds_the_arena_index_lock():
     r = child(
         """
         import os, signal, threading, time, torch, hostreg.torch as ht
-        from hostreg import _sharing
+        from hostreg.torch import _sharing
         holding, release = threading.Event(), threading.Event()
         def hold():
             with _sharing._lock:
@@ -414,7 +414,7 @@ def test_sending_a_staged_storage_keeps_it_in_its_arena():
     r = child(
         """
         import torch, hostreg, hostreg.torch as ht
-        from hostreg import _sharing
+        from hostreg.torch import _sharing
         from multiprocessing.reduction import ForkingPickler
         st = ht.create_cpu_state_dict({"w": torch.zeros(1024)})
         ptr = st["w"].data_ptr()
@@ -455,7 +455,8 @@ def test_a_view_past_the_end_of_an_arena_is_refused():
     r = child(
         """
         import torch, hostreg.torch as ht
-        from hostreg import _sharing, _hostreg
+        from hostreg import _hostreg
+        from hostreg.torch import _sharing
         st = ht.create_cpu_state_dict({"w": torch.zeros(8)})
         buf = _sharing.arena_of(st["w"])
         for ptr, n in ((buf.data_ptr, buf.size + 1), (buf.data_ptr + buf.size, 1), (buf.data_ptr - 1, 1), (buf.data_ptr, 1 << 62)):
@@ -480,7 +481,7 @@ def test_copy_refuses_a_source_that_overlaps_its_destination():
         sd = {"a": torch.arange(1000.0), "b": torch.arange(1000.0)}
         st = ht.create_cpu_state_dict(sd)
         ht.copy_state_dict(sd, st)
-        from hostreg import _sharing
+        from hostreg.torch import _sharing
         buf = _sharing.arena_of(st["a"])
         tail = _sharing.tensor_view(buf, st["a"].data_ptr() - buf.data_ptr + 2000, (1000,), torch.float32)  # a[500:] and on
         shifted = {"a": sd["a"], "b": tail}  # b's source overlaps a's destination

@@ -137,7 +137,7 @@ def test_staging_memory_has_no_name_and_is_owner_only():
 def test_arena_chunks_never_share_a_page():
     # Where a runtime caps one registration, an arena is several registrations whose
     # boundaries fall on pages; together they cover the whole arena, from its first byte.
-    from hostreg._state_dict import Arena
+    from hostreg.torch._state_dict import Arena
 
     page = os.sysconf("SC_PAGESIZE")
     a = Arena(10 * page + 123, share=False, max_chunk_bytes=4 * page)

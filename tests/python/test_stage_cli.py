@@ -130,7 +130,7 @@ def test_unusual_tensors_fail_or_verify_without_a_traceback(tmp_path: Path):
 def test_save_writes_a_checkpoint_that_stock_dcp_loads(tmp_path: Path):
     import torch.distributed.checkpoint as dcp
 
-    from hostreg import models
+    from hostreg.cli import models
 
     r = stage("--model", "tiny", "--save", str(tmp_path / "ckpt"))
     assert r.returncode == 0, r.stderr
@@ -179,16 +179,16 @@ def test_save_to_a_full_filesystem_fails_before_writing():
 
 @pytest.mark.parametrize("with_fio", [True, False], ids=["fio", "own-probe"])
 def test_disk_ceiling_measures_and_leaves_nothing(tmp_path: Path, monkeypatch, with_fio: bool):
-    from hostreg import _ceiling
+    from hostreg.cli import ceiling
 
     if not with_fio:
-        monkeypatch.setattr(_ceiling.shutil, "which", lambda name: None)
-    c = _ceiling.measure(tmp_path, 64 << 20)
+        monkeypatch.setattr(ceiling.shutil, "which", lambda name: None)
+    c = ceiling.measure(tmp_path, 64 << 20)
     assert c.direct and c.write > 1e6 and c.read > 1e6  # at least 1 MB/s: it really moved the bytes
     assert c.tool.startswith("fio ") == with_fio and ("no fio on PATH" in c.tool) == (not with_fio)
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError):
-        _ceiling.measure(tmp_path, 0)
+        ceiling.measure(tmp_path, 0)
 
 
 @pytest.mark.parametrize("engine", ["hostreg", "torch"])
@@ -209,7 +209,7 @@ def test_tied_weights_and_views_count_their_bytes_once(tmp_path: Path, engine: s
 def test_an_interrupted_probe_stops_its_threads_and_leaves_no_file(tmp_path: Path):
     code = """
 import _thread, os, shutil, sys, threading
-from hostreg import _ceiling
+from hostreg.cli import ceiling
 shutil.which = lambda name: None  # the probe of its own, not fio
 write = os.pwrite
 def interrupted(fd, buf, off):
@@ -217,7 +217,7 @@ def interrupted(fd, buf, off):
     return write(fd, buf, off)
 os.pwrite = interrupted
 try:
-    _ceiling.measure(sys.argv[1], 64 << 20)
+    ceiling.measure(sys.argv[1], 64 << 20)
 except KeyboardInterrupt:
     print("interrupted", os.listdir(sys.argv[1]), threading.active_count())
 """
@@ -231,7 +231,7 @@ def test_an_interrupted_fio_ceiling_leaves_no_fio_and_no_file(tmp_path: Path):
     import signal
     import time
 
-    p = subprocess.Popen([sys.executable, "-c", "import sys; from hostreg import _ceiling; _ceiling.measure(sys.argv[1], 1 << 30)",
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from hostreg.cli import ceiling; ceiling.measure(sys.argv[1], 1 << 30)",
                           str(tmp_path)], stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while subprocess.run(["pgrep", "-f", "--", f"--filename={tmp_path}"], capture_output=True).returncode != 0:
@@ -283,12 +283,13 @@ def test_bad_device_and_directory_are_usage_errors(args: list[str]):
 
 
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
-    from hostreg import cli, stage_check
+    from hostreg import cli
+    from hostreg.cli import stage as stage_job
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(stage_check, "stage_state_dict", interrupted)
+    monkeypatch.setattr(stage_job, "stage_state_dict", interrupted)
     assert cli.main(["stage", "--model", "tiny", "--no-progress"]) == 130
     assert capsys.readouterr().err == "hostreg: interrupted\n"
 
@@ -297,13 +298,13 @@ def test_a_failed_save_leaves_nothing_registered_or_locked(tmp_path: Path):
     import gc
 
     import hostreg
-    from hostreg import models, stage_check
+    from hostreg.cli import models, stage as stage_job
 
     (tmp_path / "file").write_text("x")
     sd = models.build("tiny").state_dict()
     before = hostreg.locked_bytes()
-    with pytest.raises(stage_check.SaveError) as e:
-        stage_check.stage_state_dict(sd, save_to=tmp_path / "file" / "ck")
+    with pytest.raises(stage_job.SaveError) as e:
+        stage_job.stage_state_dict(sd, save_to=tmp_path / "file" / "ck")
     gc.collect()
     assert hostreg.stats().registrations == 0 and hostreg.locked_bytes() <= before, "released while the error is held"
     assert "cannot use" in str(e.value)

@@ -1,5 +1,5 @@
 """Fast staging: hostreg.torch.create_cpu_state_dict / copy_state_dict put a whole state dict
-in one shared arena, registered once (python/hostreg/_state_dict.py).
+in one shared arena, registered once (python/hostreg/torch/_state_dict.py).
 
 Compared with PyTorch's own _create_cpu_state_dict / _check_state_dict_similarity /
 _copy_state_dict; registration and locking checked with hostreg's registry and the kernel's
@@ -85,7 +85,7 @@ def expected_offsets(tensors: list[torch.Tensor]) -> list[int]:
 
 def arena_of(t: torch.Tensor):
     """The hostreg arena (its StagingBuffer) tensor t lives in, or None."""
-    from hostreg import _sharing
+    from hostreg.torch import _sharing
 
     return _sharing.arena_of(t)
 
@@ -417,7 +417,7 @@ def test_pin_and_share_options(pin: bool, share: bool, baseline):
 def _child_writes(t: torch.Tensor, q) -> None:
     # Runs in a spawned child: report what it received (in an arena mapped here, a storage of
     # its own bytes), then write into it.
-    from hostreg import _sharing
+    from hostreg.torch import _sharing
 
     q.put((_sharing.arena_of(t) is not None and t.untyped_storage().nbytes() == t.nbytes, t.tolist()))
     t.copy_(torch.arange(100, 100 + t.numel(), dtype=t.dtype).view(t.shape))
@@ -763,10 +763,10 @@ def test_a_restage_of_unchanged_sources_replays_the_last_copy_and_follows_every_
     layout and replays the last memcpy batch; any change a source's memory or view can take
     (another storage, strides, dtype, a conjugate bit, the structure) is staged from scratch,
     with the values it has."""
-    from hostreg import _dcp_stager
+    from hostreg.torch import _stager
 
     layouts = []
-    real_layout_of = _dcp_stager.layout_of
+    real_layout_of = _stager.layout_of
 
     def counting(*a, **kw):
         layouts.append(1)
@@ -777,7 +777,7 @@ def test_a_restage_of_unchanged_sources_replays_the_last_copy_and_follows_every_
     c = torch.randn(5, generator=g, dtype=torch.complex64)
     b = torch.randn(7, generator=g)
     st = ht.Stager(pin_memory=False)
-    _dcp_stager.layout_of = counting
+    _stager.layout_of = counting
     try:
         def stage(sd: dict) -> dict:
             out = st.stage(sd)
@@ -810,7 +810,7 @@ def test_a_restage_of_unchanged_sources_replays_the_last_copy_and_follows_every_
         stage(steps[-1]())  # and unchanged again: a replay
         assert len(layouts) == len(steps) + 1
     finally:
-        _dcp_stager.layout_of = real_layout_of
+        _stager.layout_of = real_layout_of
         st.close()
 
 
@@ -819,7 +819,7 @@ def test_copy_state_dict_replays_only_while_sources_and_destinations_stay_put():
     src = {"w": torch.randn(8, 8, generator=g), "b": torch.randn(8, generator=g)}
     dst = ht.create_cpu_state_dict(src, pin_memory=False, share_memory=False)
     ht.copy_state_dict(src, dst)
-    from hostreg import _sharing, _state_dict
+    from hostreg.torch import _sharing, _state_dict
 
     plan = _state_dict._plans[_sharing.arena_of(dst["w"])]
     assert plan._replay is not None  # the next copy of the same tensors replays this one's batch

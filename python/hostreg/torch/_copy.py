@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import weakref
 from typing import Any, Iterator
 
 import torch
 
-from . import _hostreg
-from ._layout import Grouping, group, local_of, touched
+from .. import _hostreg
+from ._dtensor import local_of, placement_of
+from ._layout import Grouping, group, touched
 
 
 def _check_sources(slocals: list[torch.Tensor], storages: list[Any]) -> None:
@@ -75,7 +75,7 @@ def source_key(tensors: list[torch.Tensor]) -> list[tuple]:
             local, extra = t, None
         else:
             local = local_of(t)
-            extra = (t.device_mesh, tuple(t.placements), t.shape, t.stride()) if local is not t else type(t)
+            extra = placement_of(t, local) if local is not t else type(t)
         out.append((local.data_ptr(), local.storage_offset(), local.dtype, local.shape, local.stride(),
                     local.is_cpu or local.device, local.is_conj(), local.is_neg(), extra))
     return out
@@ -189,7 +189,6 @@ class CopyPlan:
         :func:`group` (their layout's), when the caller has it, so it is not computed again."""
         if len(src) != len(self.ids):
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.ids)}")
-        threads = threads or len(os.sched_getaffinity(0))
         replay = self._replay
         if key is not None and replay is not None and replay[0] == key:
             _hostreg.copy_batch(replay[1], replay[2], replay[3], threads)

@@ -19,10 +19,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import _core, _proc
-from ._errors import StagingError
-from . import _tree
-from . import torch as hostreg_torch
+from .. import _core, _proc
+from .._errors import StagingError
+from ..torch import _tree
+from .. import torch as hostreg_torch
 
 
 class SaveError(StagingError):
@@ -41,7 +41,7 @@ class SaveReport:
     save_s: float  #: seconds of dcp.save through hostreg.torch.FileSystemWriter (durable: fdatasync)
     load_s: float  #: seconds of dcp.load through hostreg.torch.FileSystemReader
     direct: bool  #: the files were written and read with O_DIRECT (else through the page cache)
-    ceiling: Any  #: hostreg._ceiling.Ceiling of the same directory and bytes
+    ceiling: Any  #: hostreg.cli.ceiling.Ceiling of the same directory and bytes
 
     @property
     def save_bps(self) -> float:
@@ -128,7 +128,7 @@ ENGINES = ("hostreg", "torch")
 def _shared_arena(t: torch.Tensor) -> bool:
     """Is t inside one of hostreg's shared-memory arenas? (Its storage is its own: torch's
     is_shared() does not know it is shared memory.)"""
-    from . import _sharing
+    from ..torch import _sharing
 
     buf = _sharing.arena_of(t)
     return buf is not None and buf.fd >= 0
@@ -217,8 +217,8 @@ def _create_and_copy(state_dict: dict[str, Any], engine: str, progress: Progress
         _copy_state_dict(state_dict, staged)
         progress("copy", total, total)
     else:
-        from ._copy import CopyPlan
-        from ._state_dict import allocate_staged_copy
+        from ..torch._copy import CopyPlan
+        from ..torch._state_dict import allocate_staged_copy
 
         staged_copy = allocate_staged_copy(state_dict)
         progress("create", total, total)
@@ -270,12 +270,12 @@ def save_and_load(source: dict[str, Any], staged: dict[str, Any], directory: str
     there is replaced) with :class:`hostreg.torch.FileSystemWriter`, loads it back with
     :class:`hostreg.torch.FileSystemReader` into fresh tensors whose every byte differed from
     the source before, and compares every byte with ``source``. Measures the filesystem's own
-    ceiling for the same bytes first (``hostreg._ceiling``). Raises :class:`SaveError`."""
+    ceiling for the same bytes first (``hostreg.cli.ceiling``). Raises :class:`SaveError`."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
 
-    from . import _ceiling
+    from . import ceiling as ceiling_of
 
     d = os.fspath(directory)
     total = sum(t.numel() * t.element_size() for _, t in iter_tensors(source))
@@ -289,7 +289,7 @@ def save_and_load(source: dict[str, Any], staged: dict[str, Any], directory: str
         raise SaveError(f"{d} has {free:,} bytes free; the checkpoint needs about {total:,} (its tensors' bytes)")
     try:
         progress("ceiling", 0, total)
-        ceiling = _ceiling.measure(d, max(total, 1 << 20))
+        ceiling = ceiling_of.measure(d, max(total, 1 << 20))
         progress("ceiling", total, total)
     except (OSError, RuntimeError) as e:
         raise SaveError(f"cannot measure the disk's ceiling in {d}: {_why(e)}") from e

@@ -25,7 +25,8 @@ import torch
 from . import _sharing, _tree
 from ._arena import Arena, leaves_on
 from ._copy import CopyPlan, collector_paused, source_key
-from ._layout import ALIGNMENT, Layout, Prepared, layout_of, local_of
+from ._dtensor import local_of
+from ._layout import ALIGNMENT, Layout, Prepared, layout_of
 
 __all__ = ["ALIGNMENT", "Arena", "StagedCopy", "copy_state_dict", "create_cpu_state_dict", "allocate_staged_copy"]
 
@@ -90,7 +91,7 @@ def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
     ``dst`` has the structure of ``src`` (from :func:`create_cpu_state_dict`). Tensors are
     matched by key (like PyTorch's ``_copy_state_dict``). When the sources share storages as
     the destinations do and have their dtypes, shapes and strides, the copy is one memcpy per
-    staged storage, all in one parallel batch (``threads`` threads, 0 = one per CPU) with the GIL
+    staged storage, all in one parallel batch (``threads`` threads, 0 = one per CPU this thread may run on) with the GIL
     released; from an accelerator, one non-blocking copy per storage, synchronised before
     returning. Otherwise tensor by tensor (``Tensor.copy_``). Copying into the same staged dict
     again reuses what the first copy worked out.

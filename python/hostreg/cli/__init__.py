@@ -45,7 +45,8 @@ def _stage(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from . import models, stage_check
+    from . import models
+    from . import stage as stage_job
 
     out = _console()
     err = _console(stderr=True)
@@ -78,16 +79,16 @@ def _stage(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             if args.checkpoint:
                 source = str(args.checkpoint)
-                state_dict = stage_check.load_checkpoint(args.checkpoint)
+                state_dict = stage_job.load_checkpoint(args.checkpoint)
             else:
                 source = f"embedded model {args.model}"
                 state_dict = models.build(args.model).state_dict()
             load_s = time.perf_counter() - t0
-            report = stage_check.stage_state_dict(state_dict, engine=args.engine, progress=progress, save_to=args.save)
-    except stage_check.SaveError as e:
+            report = stage_job.stage_state_dict(state_dict, engine=args.engine, progress=progress, save_to=args.save)
+    except stage_job.SaveError as e:
         err.print(f"[bold red]hostreg stage: save failed[/]\n{esc(str(e))}", highlight=False, soft_wrap=True)
         return 1
-    except stage_check.StagingError as e:
+    except stage_job.StagingError as e:
         err.print(f"[bold red]hostreg stage: staging failed[/]\n{esc(str(e))}", highlight=False, soft_wrap=True)
         return 1
 
@@ -130,7 +131,7 @@ def _stage(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     import json
 
-    from . import doctor
+    from .. import doctor
 
     if args.bytes <= 0:
         print(f"hostreg doctor: --bytes must be > 0, got {args.bytes}", file=sys.stderr)
@@ -189,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_stage)
 
-    from .doctor import DEFAULT_BYTES
+    from ..doctor import DEFAULT_BYTES
 
     d = sub.add_parser("doctor", help="report backends, limits and whether staging would work")
     d.add_argument("--json", action="store_true", help="print the report as JSON")

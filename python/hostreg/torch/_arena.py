@@ -6,9 +6,11 @@ from typing import Any
 
 import torch
 
-from . import _core, _hostreg, _sharing
-from ._core import HostRegisterFlags
-from ._errors import StagingError
+from .. import _core, _hostreg
+from . import _sharing
+from .._core import HostRegisterFlags
+from .._errors import StagingError
+from ._dtensor import wrap
 from ._layout import Layout
 
 
@@ -24,7 +26,7 @@ class Arena:
 
     - ``share=True``: an unnamed ``/dev/shm`` file (``$HOSTREG_SHM_DIR``), mapped shared, so
       the tensors reach another process without a copy (``torch.multiprocessing`` passes the
-      file once per message, see ``hostreg/_sharing.py``); else private anonymous memory.
+      file once per message, see ``_sharing.py``); else private anonymous memory.
     - Every page is allocated up front, in the kernel (``hostregPrepareMemory``): a full
       ``/dev/shm`` or a memory limit raises :class:`StagingError` naming it, its size and the
       bytes needed, never a SIGBUS later.
@@ -61,7 +63,7 @@ class Arena:
             raise_last(f"cannot {'register' if code in (712, 801) else 'stage'} {nbytes:,} bytes of staging memory")
         self.buffer = buf
         self.chunks = buf.chunks
-        _sharing.track(buf)
+        _sharing.track()
 
     @staticmethod
     def check_room(nbytes: int, *, pin: bool = True, share: bool = True) -> None:
@@ -109,10 +111,7 @@ def leaves_on(storages: list[torch.UntypedStorage], layout: Layout) -> list[torc
                 storages[span], g.offset[i] // meta.dtype.itemsize, meta.shape, meta.stride
             )
         if meta.dtensor is not None:
-            from torch.distributed.tensor import DTensor
-
-            mesh, placements, shape, stride = meta.dtensor
-            t = DTensor.from_local(t, mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride)
+            t = wrap(t, meta.dtensor)
         out.append(t)
     return out
 

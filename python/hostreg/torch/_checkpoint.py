@@ -37,9 +37,10 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
-from . import _container, _hostreg
-from ._core import last_error
-from ._errors import HostregError
+from . import _container
+from .. import _hostreg
+from .._core import last_error
+from .._errors import HostregError
 
 __all__ = ["FileSystemReader", "FileSystemWriter"]
 
@@ -670,7 +671,7 @@ def _staging(nbytes: int, file_offset: int, pinned: bool) -> torch.Tensor:
     raw: torch.Tensor | None = None
     if pinned and nbytes:
         from ._arena import Arena
-        from ._errors import StagingError
+        from .._errors import StagingError
 
         try:
             arena = Arena(nbytes + extra, pin=True, share=False)

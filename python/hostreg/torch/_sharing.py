@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from . import _hostreg
-from ._errors import HostregError
+from .. import _hostreg
+from .._errors import HostregError
 
 # Which arena an address lies in is answered by the extension (``_hostreg.arena_of``): its
 # index of live buffers changes only inside C++ calls, with the GIL held, so no Python
@@ -55,15 +55,11 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def track(buf: Any) -> None:
-    """A new arena's buffer: its tensors are sent to other processes by file from now on
-    (installs the reducers). The buffer itself is known to :func:`arena_of` from its creation."""
+def track() -> None:
+    """Called for every new arena: from now on its tensors are sent to other processes by file
+    (installs the reducers, once). The arena itself is known to :func:`arena_of` from its
+    creation."""
     _install()
-
-
-def _arena_of(ptr: int, nbytes: int) -> Any:
-    """The live arena holding [ptr, ptr + nbytes), or None."""
-    return _hostreg.arena_of(ptr, nbytes)
 
 
 def arena_of(t: torch.Tensor) -> Any:
@@ -75,7 +71,7 @@ def arena_of(t: torch.Tensor) -> Any:
         ptr, nbytes = st.data_ptr(), st.nbytes()
     except (RuntimeError, NotImplementedError):  # no real storage (a fake or functional tensor)
         return None
-    return _arena_of(ptr, nbytes) if nbytes else None
+    return _hostreg.arena_of(ptr, nbytes) if nbytes else None
 
 
 def storage_view(buf: Any, offset: int, nbytes: int) -> torch.UntypedStorage:
@@ -111,7 +107,7 @@ def _attach(dup: Any, size: int) -> Any:
     if code != 0:
         _, native, message = _hostreg.last_error()
         raise HostregError(f"hostreg: cannot map a staging arena passed from another process: {message}")
-    track(buf)
+    track()
     return buf
 
 
@@ -159,7 +155,7 @@ def _reduce_storage(st: torch.UntypedStorage) -> tuple:
     """A storage inside a shared arena goes by file, as its tensors do (torch's reducer would
     copy it into new shared memory and move it out of the arena)."""
     if st.device.type == "cpu" and st.nbytes():
-        buf = _arena_of(st.data_ptr(), st.nbytes())
+        buf: Any = _hostreg.arena_of(st.data_ptr(), st.nbytes())  # a StagingBuffer, or None
         if buf is not None and buf.fd >= 0:
             return (_storage_at, (buf, st.data_ptr() - buf.data_ptr, st.nbytes()))
     return _torch_reducers[torch.UntypedStorage](st)

@@ -25,17 +25,22 @@ from typing import Any
 
 import torch
 
-from . import _core, _tree
+from .. import _core
+from . import _tree
 from ._arena import Arena, leaves_on
 from ._copy import CopyPlan, collector_paused, source_key
-from ._errors import HostregError, StagingError
+from .._errors import HostregError, StagingError
 from ._layout import Flat, Prepared, flatten_checked, layout_of
 from ._state_dict import StagedCopy, allocate_staged_copy
 
 
-class _Buffer:
-    def __init__(self, sig: tuple, staged: StagedCopy) -> None:
-        self.sig = sig
+class _Slot:
+    """One slot of a Stager's pool: a staged copy (its arena, layout and leaves), the copy plan
+    into its leaves, and the tensors last handed out over it. ``key`` is its layout's
+    (``Layout.key``): a state dict whose layout has the same key is staged into this slot."""
+
+    def __init__(self, key: tuple, staged: StagedCopy) -> None:
+        self.key = key
         self.staged = staged
         self.plan = CopyPlan(staged.tensors)
         self._ptrs = [s.data_ptr() for s in staged.storages]
@@ -132,7 +137,7 @@ class Stager:
         self.share_memory = share_memory
         self.max_buffers = max_buffers
         self.wait_timeout_s = wait_timeout_s
-        self._pool: list[_Buffer] = []
+        self._pool: list[_Slot] = []
         self._closed = False  # no new stage()
         self._released = False  # the arenas are gone
         # Two locks, so that an async stage() never waits for the worker: _submit guards the
@@ -301,15 +306,15 @@ class Stager:
             self._pool.clear()
             self._released = True
 
-    def _acquire(self, prepared: Prepared) -> _Buffer:
-        sig = prepared[0].key
+    def _acquire(self, prepared: Prepared) -> _Slot:
+        key = prepared[0].key
         start = time.monotonic()
         collected = False
         while True:
             for b in [b for b in self._pool if b.moved()]:  # never reuse a moved arena
                 b.close()
                 self._pool.remove(b)
-            match = [b for b in self._pool if b.sig == sig]
+            match = [b for b in self._pool if b.key == key]
             for b in match:
                 if not b.busy():
                     return b
@@ -327,12 +332,12 @@ class Stager:
                 time.sleep(0.005)
                 continue
             # Free buffers of another structure are dropped first: their memory is reused.
-            for b in [b for b in self._pool if b.sig != sig and not b.busy()]:
+            for b in [b for b in self._pool if b.key != key and not b.busy()]:
                 b.close()
                 self._pool.remove(b)
             if len(self._pool) < self.max_buffers:
                 staged = allocate_staged_copy(None, pin_memory=self.pin_memory, share_memory=self.share_memory, prepared=prepared)
-                buf = _Buffer(sig, staged)
+                buf = _Slot(key, staged)
                 self._pool.append(buf)
                 self.arenas_created += 1
                 return buf

@@ -3,9 +3,9 @@
 - The drop-in (:func:`install`, :func:`uninstall`, :func:`is_installed`; ``hostreg/_dropin.py``)
   makes ``torch.cuda.cudart()`` work where CUDA is absent, with real page-locking.
 - Staging (:func:`create_cpu_state_dict`, :func:`copy_state_dict`, :class:`Stager`,
-  :class:`Arena`; ``hostreg/_state_dict.py``, ``hostreg/_dcp_stager.py``) puts a whole state dict
+  :class:`Arena`; ``_state_dict.py``, ``_stager.py`` in this package) puts a whole state dict
   in one shared, registered arena.
-- Checkpoints (:class:`FileSystemWriter`, :class:`FileSystemReader`; ``hostreg/_checkpoint.py``)
+- Checkpoints (:class:`FileSystemWriter`, :class:`FileSystemReader`; ``_checkpoint.py``)
   write and read DCP's own format at the disk's speed (``O_DIRECT`` from the arena).
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._dropin import install, is_installed, uninstall
-from ._dcp_stager import Stager
+from .._dropin import install, is_installed, uninstall
+from ._stager import Stager
 from ._state_dict import ALIGNMENT, Arena, copy_state_dict, create_cpu_state_dict
 
 __all__ = [

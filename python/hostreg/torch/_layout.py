@@ -18,34 +18,18 @@ as with PyTorch's ``_create_cpu_state_dict``; copying *from* one raises torch's 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
 from . import _tree
+from ._dtensor import dtensor_type, local_of, placement_of
 
 ALIGNMENT = 256
 # Span starts inside a source storage are rounded down to this many bytes, a multiple of
 # every element size, so every tensor of the span starts at a whole element of its dtype.
 _ELEMENT = 16
-
-
-@functools.lru_cache(maxsize=None)
-def dtensor_type() -> type | None:
-    """torch's DTensor class where torch.distributed has it, else None."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover -- torch without distributed
-        return None
-    return DTensor
-
-
-def local_of(t: torch.Tensor) -> torch.Tensor:
-    """The tensor whose bytes are staged: a DTensor's local shard, else t itself."""
-    local = getattr(t, "_local_tensor", None)
-    return local if local is not None and isinstance(t, dtensor_type() or ()) else t
 
 
 def check_leaf(path: tuple, t: torch.Tensor) -> None:
@@ -171,7 +155,7 @@ def leaf_meta(t: torch.Tensor, own: bool) -> LeafMeta:
         local, dmeta = t, None
     else:
         local = local_of(t)
-        dmeta = (t.device_mesh, tuple(t.placements), tuple(t.shape), t.stride()) if local is not t else None
+        dmeta = placement_of(t, local) if local is not t else None
     shape = tuple(local.shape)
     stride = contiguous_strides(shape) if own or local.numel() == 0 else local.stride()
     return LeafMeta(local.dtype, shape, stride, dmeta)
