@@ -149,8 +149,9 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
         raise ValueError(f"staging bytes must be > 0, got {staging_bytes}")
     backends = []
     for name in _hostreg.backend_names():
-        code, detail = _hostreg.probe_backend(name)
-        _, flags, max_registration, granule, library, version, note, _ = _hostreg.backend_capabilities(name)
+        # One probe per backend: hostregBackendCapabilities probes as hostregProbeBackend does.
+        code, flags, max_registration, granule, library, version, note, reason = _hostreg.backend_capabilities(name)
+        detail = reason if code else " ".join(x for x in (library, version) if x)
         backends.append(BackendReport(name, code == 0, detail, library, version, flags, granule, max_registration, note))
     auto = next(b.name for b in backends if b.available)
     active = _hostreg.backend_name()

@@ -295,7 +295,7 @@ extern const Backend kAclBackend = {
     /*host_unregister=*/acl_unregister,
     /*share=*/acl_share,
     /*set_default_device=*/acl_set_default_device,
-    /*room=*/nullptr,  // the runtime pins; no limit that hostreg checks beforehand
+    /*room=*/defaults::room,  // the runtime pins; no limit that hostreg checks beforehand
 };
 
 }  // namespace hostreg

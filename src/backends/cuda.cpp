@@ -152,9 +152,9 @@ extern const Backend kCudaBackend = {
     /*probe=*/cuda_probe,
     /*host_register=*/cuda_register,
     /*host_unregister=*/cuda_unregister,
-    /*share=*/nullptr,
-    /*set_default_device=*/nullptr,  // a thread without a context: device 0's primary context, CUDA's default
-    /*room=*/nullptr,  // the runtime pins; no limit that hostreg checks beforehand
+    /*share=*/defaults::share,
+    /*set_default_device=*/defaults::set_default_device,  // a thread without a context: device 0's primary context, CUDA's default
+    /*room=*/defaults::room,  // the runtime pins; no limit that hostreg checks beforehand
 };
 
 }  // namespace hostreg

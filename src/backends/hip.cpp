@@ -94,9 +94,9 @@ extern const Backend kHipBackend = {
     /*probe=*/hip_probe,
     /*host_register=*/hip_register,
     /*host_unregister=*/hip_unregister,
-    /*share=*/nullptr,
-    /*set_default_device=*/nullptr,  // the runtime's own current device (0 unless chosen), as CUDA's
-    /*room=*/nullptr,  // the runtime pins; no limit that hostreg checks beforehand
+    /*share=*/defaults::share,
+    /*set_default_device=*/defaults::set_default_device,  // the runtime's own current device (0 unless chosen), as CUDA's
+    /*room=*/defaults::room,  // the runtime pins; no limit that hostreg checks beforehand
 };
 
 }  // namespace hostreg

@@ -71,9 +71,9 @@ extern const Backend kMusaBackend = {
     /*probe=*/musa_probe,
     /*host_register=*/musa_register,
     /*host_unregister=*/musa_unregister,
-    /*share=*/nullptr,
-    /*set_default_device=*/nullptr,  // the runtime's own current device (0 unless chosen), as CUDA's
-    /*room=*/nullptr,  // the runtime pins; no limit that hostreg checks beforehand
+    /*share=*/defaults::share,
+    /*set_default_device=*/defaults::set_default_device,  // the runtime's own current device (0 unless chosen), as CUDA's
+    /*room=*/defaults::room,  // the runtime pins; no limit that hostreg checks beforehand
 };
 
 }  // namespace hostreg

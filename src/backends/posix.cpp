@@ -64,7 +64,7 @@ extern const Backend kPosixBackend = {
     /*host_register=*/posix_register,
     /*host_unregister=*/posix_unregister,
     /*share=*/posix_share,
-    /*set_default_device=*/nullptr,  // no devices
+    /*set_default_device=*/defaults::set_default_device,  // no devices
     /*room=*/lock_room,
 };
 

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "core/backend.hpp"
+#include "backends/select.hpp"
 
 namespace hostreg {
 namespace {

@@ -218,7 +218,7 @@ extern const Backend kZeBackend = {
     /*host_register=*/ze_register,
     /*host_unregister=*/ze_unregister,
     /*share=*/ze_share,
-    /*set_default_device=*/nullptr,  // imports are the driver's, for no one device
+    /*set_default_device=*/defaults::set_default_device,  // imports are the driver's, for no one device
     /*room=*/lock_room,  // the pages are locked with mlock too
 };
 

@@ -3,6 +3,7 @@
 #include "hostreg/hostreg.h"
 
 #include "backends/page_lock.hpp"
+#include "backends/select.hpp"
 #include "capi/capi.hpp"
 #include "core/registry.hpp"
 
@@ -175,7 +176,6 @@ int hostregSetDefaultDevice(int device) {
     Status why;
     const hostreg::Backend* b = hostreg::active_backend(&why);
     if (b == nullptr) return asking ? hostreg::remember(why) : record(why, __func__);
-    if (b->set_default_device == nullptr) return hostregSuccess;
     Status s = b->set_default_device(device);
     return asking ? hostreg::remember(s) : record(s, __func__);
 }

@@ -61,36 +61,31 @@ struct Backend {
     // Undo a successful host_register of exactly [ptr, ptr + bytes) that answered piece.
     Status (*host_unregister)(void* ptr, size_t bytes, const Piece& piece);
 
-    // Optional (nullptr: nothing to do). Called when one more registration starts sharing an
-    // edge piece that is already registered (granule > 1 only). posix locks it again: mlock
-    // is idempotent, and the holder's lock is gone if its memory was unmapped meanwhile.
+    // Called when one more registration starts sharing an edge piece that is already
+    // registered (granule > 1 only). posix locks it again: mlock is idempotent, and the
+    // holder's lock is gone if its memory was unmapped meanwhile. Default: nothing to do.
     Status (*share)(void* ptr, size_t bytes, const Piece& piece);
 
-    // Optional (nullptr: registrations do not depend on the calling thread's device, and the
-    // call is accepted and ignored). Sets the device that registrations made on threads
-    // without a current device context of their own are for; device < 0: the calling
-    // thread's current device, as its runtime says (hostregSetDefaultDevice).
+    // Sets the device that registrations made on threads without a current device context of
+    // their own are for; device < 0: the calling thread's current device, as its runtime
+    // says (hostregSetDefaultDevice). Default: registrations do not depend on the calling
+    // thread's device, and the call is accepted and ignored.
     Status (*set_default_device)(int device);
 
-    // Optional (nullptr: the runtime's pinning is bounded by nothing hostreg can read).
     // Answers, before any memory is made, whether a registration of `bytes` more would be
     // refused for lack of room (posix and ze lock pages with mlock: RLIMIT_MEMLOCK).
+    // Default: the runtime's pinning is bounded by nothing hostreg can read beforehand.
     Status (*room)(size_t bytes);
 };
 
-// The backends compiled in, each defined in its own file under src/backends/.
-extern const Backend kCudaBackend;
-extern const Backend kHipBackend;
-extern const Backend kAclBackend;
-extern const Backend kZeBackend;
-extern const Backend kMusaBackend;
-extern const Backend kPosixBackend;
+// The defaults of the last three slots, for backends that need nothing there: every slot of
+// every table holds a function, so callers never test for null.
+namespace defaults {
+inline Status share(void*, size_t, const Piece&) { return Status::ok(); }
+inline Status set_default_device(int) { return Status::ok(); }
+inline Status room(size_t) { return Status::ok(); }
+}  // namespace defaults
 
-// Every backend, in the order HOSTREG_BACKEND=auto tries them; nullptr-terminated.
-extern const Backend* const kAllBackends[];
-
-// The backend this process uses: chosen once from HOSTREG_BACKEND (auto|<name>|none;
-// default auto). Returns nullptr when none is usable; *why then holds the reason.
-const Backend* active_backend(Status* why);
+// The backends compiled in, the order auto tries them, and the choice: backends/select.hpp.
 
 }  // namespace hostreg

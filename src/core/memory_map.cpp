@@ -17,6 +17,19 @@ size_t page_size() {
     return p;
 }
 
+Status check_range(const void* ptr, size_t bytes) {
+    const auto lo = reinterpret_cast<uintptr_t>(ptr);
+    if (ptr == nullptr) return Status::error(hostregErrorInvalidValue, "pointer is NULL");
+    if (bytes == 0) return Status::error(hostregErrorInvalidValue, "byte count is 0");
+    if (lo + bytes < lo) {
+        char text[96];
+        std::snprintf(text, sizeof text, "range 0x%llx + %zu bytes wraps past the end of the address space",
+                      static_cast<unsigned long long>(lo), bytes);
+        return Status::error(hostregErrorInvalidValue, text);
+    }
+    return Status::ok();
+}
+
 bool range_mapped(uintptr_t lo, size_t bytes) {
     const uintptr_t first = lo & ~(page_size() - 1);
     const size_t len = lo + bytes - first;

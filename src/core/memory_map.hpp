@@ -4,9 +4,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/status.hpp"
+
 namespace hostreg {
 
 size_t page_size();
+
+// CUDA's first rule for a host range, for every call that takes one: ok, or 1
+// (cudaErrorInvalidValue) naming the fault: a NULL pointer, 0 bytes, or a range that wraps
+// past the end of the address space.
+Status check_range(const void* ptr, size_t bytes);
 
 // Is every page of [lo, lo + bytes) mapped? (mincore answers ENOMEM for a hole.)
 bool range_mapped(uintptr_t lo, size_t bytes);

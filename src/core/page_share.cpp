@@ -44,7 +44,7 @@ Status PageShare::hold_edge(const Backend& be, uintptr_t at, size_t g, unsigned 
     // An edge with no holder is one the runtime refused to unregister: still registered there,
     // so it is taken over, not registered again.
     Status s = fresh ? be.host_register(reinterpret_cast<void*>(at), g, flags, &e.piece)
-                     : (be.share ? be.share(reinterpret_cast<void*>(at), g, e.piece) : Status::ok());
+                     : be.share(reinterpret_cast<void*>(at), g, e.piece);
     if (!s.is_ok()) {
         if (fresh) edges_.erase(it);
         return s;

@@ -1,6 +1,7 @@
 // registry.cpp: see registry.hpp for the rules.
 #include "core/registry.hpp"
 
+#include "backends/select.hpp"
 #include "core/memory_map.hpp"
 
 #include <pthread.h>
@@ -59,12 +60,7 @@ std::map<uintptr_t, Registry::Entry>::const_iterator Registry::overlapping(uintp
 
 Status Registry::host_register(void* ptr, size_t bytes, unsigned flags) {
     const auto lo = reinterpret_cast<uintptr_t>(ptr);
-    if (ptr == nullptr) return Status::error(hostregErrorInvalidValue, "pointer is NULL");
-    if (bytes == 0) return Status::error(hostregErrorInvalidValue, "byte count is 0");
-    if (lo + bytes < lo)
-        return Status::error(hostregErrorInvalidValue,
-                             "range " + hex(lo) + " + " + std::to_string(bytes) +
-                                 " bytes wraps past the end of the address space");
+    if (Status s = check_range(ptr, bytes); !s.is_ok()) return s;
     if (flags & ~HOSTREG_HOST_REGISTER_ALL_FLAGS)
         return Status::error(hostregErrorInvalidValue,
                              "unknown flag bits " + hex(flags & ~HOSTREG_HOST_REGISTER_ALL_FLAGS) +

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/backend.hpp"
+#include "backends/select.hpp"
 #include "core/memory_map.hpp"
 #include "core/registry.hpp"
 
@@ -39,9 +39,7 @@ Status ChunkedRegistration::register_range(void* ptr, size_t bytes, unsigned fla
     size_t chunk = std::min(caps.max_registration, user_cap);
     if (max_chunk) chunk = std::min(chunk, max_chunk);
     chunk = std::max<size_t>(page, chunk / page * page);
-    if (ptr == nullptr || bytes == 0) return Status::error(hostregErrorInvalidValue, "empty or NULL range");
-    if (reinterpret_cast<uintptr_t>(ptr) + bytes < reinterpret_cast<uintptr_t>(ptr))
-        return Status::error(hostregErrorInvalidValue, "range wraps past the end of the address space");
+    if (Status s = check_range(ptr, bytes); !s.is_ok()) return s;
     // Chunk boundaries fall on page boundaries (counted from the page holding ptr), so no two
     // chunks share a page even when ptr is not page-aligned.
     const auto base = reinterpret_cast<uintptr_t>(ptr);

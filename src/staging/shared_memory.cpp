@@ -140,9 +140,8 @@ Status create_shared_memory(size_t bytes, int* fd_out) {
 }
 
 Status prepare_memory(void* ptr, size_t bytes, int fd) {
-    if (ptr == nullptr || bytes == 0) return Status::error(hostregErrorInvalidValue, "empty or NULL range");
+    if (Status s = check_range(ptr, bytes); !s.is_ok()) return s;
     const auto lo = reinterpret_cast<uintptr_t>(ptr);
-    if (lo + bytes < lo) return Status::error(hostregErrorInvalidValue, "range wraps past the end of the address space");
     if (!range_mapped(lo, bytes))  // checked here so that EINVAL below can only mean an old kernel
         return Status::error(hostregErrorInvalidValue, "range is not (fully) mapped memory", ENOMEM);
     // Populated by several threads at once: the kernel zeroes new pages, and that scales with

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/backend.hpp"
+#include "backends/select.hpp"
 #include "staging/shared_memory.hpp"
 
 namespace hostreg {
@@ -50,7 +50,7 @@ Status StagingBuffer::room(size_t bytes, bool shared, bool pin) {
     Status why;
     const Backend* b = active_backend(&why);
     if (b == nullptr) return why;
-    return b->room ? b->room(bytes) : Status::ok();
+    return b->room(bytes);
 }
 
 Status StagingBuffer::attach(int fd, size_t bytes, std::unique_ptr<StagingBuffer>* out) {

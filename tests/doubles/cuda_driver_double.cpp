@@ -86,11 +86,6 @@ constexpr unsigned kAllFlags = 0xFu;  // PORTABLE | DEVICEMAP | IOMEMORY | READ_
 constexpr unsigned kReadOnly = 0x8u;
 constexpr uintptr_t kDeviceOffset = 0x100000000000ull;
 
-struct ErrorText {
-    CUresult code;
-    const char* name;
-    const char* text;
-};
 constexpr ErrorText kErrors[] = {
     {0, "CUDA_SUCCESS", "no error"},
     {1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
@@ -110,11 +105,6 @@ constexpr ErrorText kErrors[] = {
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
-const ErrorText* find_error(CUresult code) {
-    for (const ErrorText& e : kErrors)
-        if (e.code == code) return &e;
-    return nullptr;
-}
 
 // --- driver state -----------------------------------------------------------------------
 
@@ -359,7 +349,7 @@ HRD_EXPORT CUresult cuGetErrorName(CUresult error, const char** name) {
     HRD_RECORD_CALL();
     if (knob_on("HOSTREG_DOUBLE_STUB")) return CUDA_ERROR_STUB_LIBRARY;
     if (!name) return CUDA_ERROR_INVALID_VALUE;
-    const ErrorText* e = find_error(error);
+    const ErrorText* e = find_error(kErrors, error);
     *name = e ? e->name : nullptr;
     return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
@@ -368,7 +358,7 @@ HRD_EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
     HRD_RECORD_CALL();
     if (knob_on("HOSTREG_DOUBLE_STUB")) return CUDA_ERROR_STUB_LIBRARY;
     if (!text) return CUDA_ERROR_INVALID_VALUE;
-    const ErrorText* e = find_error(error);
+    const ErrorText* e = find_error(kErrors, error);
     *text = e ? e->text : nullptr;
     return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }

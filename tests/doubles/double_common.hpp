@@ -76,6 +76,22 @@ inline bool wraps(uintptr_t base, size_t bytes) {
 
 constexpr int kMaxDevices = 64;
 
+// One entry of a runtime's table of error names and texts (cuGetErrorName/String,
+// hipGetErrorName/String, musaGetErrorName/String), as its headers and sources give them.
+struct ErrorText {
+    long long code;
+    const char* name;
+    const char* text;
+};
+
+// The entry of `table` for `code`, or nullptr when the table has none.
+template <size_t N>
+const ErrorText* find_error(const ErrorText (&table)[N], long long code) {
+    for (const ErrorText& e : table)
+        if (e.code == code) return &e;
+    return nullptr;
+}
+
 // HOSTREG_DOUBLE_DEVICES: how many devices the double pretends to have. Default 1 (unset,
 // empty or not a number); clamped to [0, kMaxDevices]. Read at every call.
 inline int knob_devices() {

@@ -63,11 +63,6 @@ constexpr int kRuntimeVersion = 60443483;
 constexpr int kDriverVersion = 60443483;
 constexpr uintptr_t kDeviceOffset = 0x200000000000ull;
 
-struct ErrorText {
-    hipError_t code;
-    const char* name;
-    const char* text;
-};
 constexpr ErrorText kErrors[] = {
     {0, "hipSuccess", "no error"},
     {1, "hipErrorInvalidValue", "invalid argument"},
@@ -87,9 +82,8 @@ constexpr ErrorText kErrors[] = {
 constexpr ErrorText kUnknown = {999, "hipErrorUnknown", "unknown error"};
 
 const ErrorText& find_error(hipError_t code) {
-    for (const ErrorText& e : kErrors)
-        if (e.code == code) return e;
-    return kUnknown;
+    const ErrorText* e = hostreg_double::find_error(kErrors, code);
+    return e ? *e : kUnknown;
 }
 
 bool no_device() { return knob_devices() == 0; }

@@ -49,11 +49,6 @@ constexpr unsigned kAllFlags = 0xFu;  // Portable | Mapped | IoMemory | ReadOnly
 constexpr int kRuntimeVersion = 4020;
 constexpr uintptr_t kDeviceOffset = 0x400000000000ull;
 
-struct ErrorText {
-    musaError_t code;
-    const char* name;
-    const char* text;
-};
 constexpr ErrorText kErrors[] = {
     {0, "musaSuccess", "no error"},
     {1, "musaErrorInvalidValue", "invalid argument"},
@@ -72,9 +67,8 @@ constexpr ErrorText kErrors[] = {
 constexpr ErrorText kUnknown = {999, "musaErrorUnknown", "unknown error"};
 
 const ErrorText& find_error(musaError_t code) {
-    for (const ErrorText& e : kErrors)
-        if (e.code == code) return e;
-    return kUnknown;
+    const ErrorText* e = hostreg_double::find_error(kErrors, code);
+    return e ? *e : kUnknown;
 }
 
 bool no_device() { return knob_devices() == 0; }
