@@ -38,11 +38,12 @@ class Ceiling:
 
 
 def _run_group(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    """Runs ``cmd`` (fio) and returns its output; an exception or an interrupt on the caller
-    stops it and waits until it is gone before re-raising. fio runs each job in a process of
-    its own session, which a signal to fio's process group does not reach, so fio itself is
-    asked to stop (SIGTERM: it ends its jobs and waits for them) and killed only if it has
-    not within 10 s."""
+    """Runs ``cmd`` (fio, with ``--thread``: its jobs are threads of its one process, so that
+    the process's end is theirs) and returns its output; an exception or an interrupt on the
+    caller stops it and waits until it is gone before re-raising: fio is asked to stop
+    (SIGTERM: it ends its jobs) and killed only if it has not within 10 s. (Without
+    ``--thread`` each job is a process of its own session, which could outlive fio's main
+    process by the length of a large O_DIRECT write.)"""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate()
@@ -65,7 +66,7 @@ def fio(path: str, nbytes: int, rw: str, engines: list[str]) -> float:
     errors = []
     for engine in list(engines):
         cmd = ["fio", "--name=ceiling", f"--rw={rw}", f"--bs={bs}", f"--size={max(nbytes, bs)}", "--direct=1",
-               f"--ioengine={engine}", "--iodepth=4", "--numjobs=1", "--end_fsync=1", f"--filename={path}",
+               f"--ioengine={engine}", "--iodepth=4", "--numjobs=1", "--thread", "--end_fsync=1", f"--filename={path}",
                "--output-format=json"]
         p = _run_group(cmd)
         try:
