@@ -245,14 +245,8 @@ nb::object arena_of(uintptr_t ptr, size_t nbytes) {
     return nb::borrow(obj);
 }
 
-// Refuses (ValueError) a range that is not inside the buffer: a view past its end would read
-// and write memory the buffer does not own.
-nb::object bytes_view(nb::handle owner, uintptr_t ptr, size_t nbytes) {
-    const auto& buf = nb::cast<const StagingBuffer&>(owner);
-    const uintptr_t begin = buf.data_ptr();
-    if (ptr < begin || nbytes > buf.size() || ptr - begin > buf.size() - nbytes) {
-        throw nb::value_error("bytes_view: the range is not inside the staging buffer");
-    }
+// A DLPack capsule of nbytes uint8 at ptr whose tensors keep owner (any object) alive.
+nb::object view_of(nb::handle owner, uintptr_t ptr, size_t nbytes) {
     auto* v = new BytesView{};
     v->shape[0] = static_cast<int64_t>(nbytes);
     v->owner = owner.ptr();
@@ -266,6 +260,17 @@ nb::object bytes_view(nb::handle owner, uintptr_t ptr, size_t nbytes) {
         throw nb::python_error();
     }
     return nb::steal(cap);
+}
+
+// Refuses (ValueError) a range that is not inside the buffer: a view past its end would read
+// and write memory the buffer does not own.
+nb::object bytes_view(nb::handle owner, uintptr_t ptr, size_t nbytes) {
+    const auto& buf = nb::cast<const StagingBuffer&>(owner);
+    const uintptr_t begin = buf.data_ptr();
+    if (ptr < begin || nbytes > buf.size() || ptr - begin > buf.size() - nbytes) {
+        throw nb::value_error("bytes_view: the range is not inside the staging buffer");
+    }
+    return view_of(owner, ptr, nbytes);
 }
 
 }  // namespace
@@ -338,6 +343,9 @@ NB_MODULE(_hostreg, m) {
             return std::make_tuple(code, flags);
         },
         nb::arg("ptr"), "Returns (cudaError number, registration flags).");
+    m.def(
+        "is_registered", [](uintptr_t ptr) { return hostregIsRegistered(as_ptr(ptr)) == 1; }, nb::arg("ptr"),
+        "hostregIsRegistered: whether address ptr lies in a live registration.");
     m.def(
         "registration",
         [](nb::handle ptr) -> std::optional<RegTuple> {
@@ -463,6 +471,9 @@ NB_MODULE(_hostreg, m) {
     m.def("bytes_view", &bytes_view, nb::arg("owner"), nb::arg("ptr"), nb::arg("nbytes"),
           "A DLPack capsule of nbytes uint8 at ptr (for torch.from_dlpack) that keeps owner alive while any "
           "tensor made from it lives.");
+    m.def("view_of", &view_of, nb::arg("owner"), nb::arg("ptr"), nb::arg("nbytes"),
+          "bytes_view for memory any owner object vouches for (the caller: it must stay valid while owner "
+          "lives); owner is released when the last tensor made from the capsule is freed.");
     m.def(
         "shared_memory_directory",
         []() {

@@ -5,6 +5,8 @@
 - Staging (:func:`create_cpu_state_dict`, :func:`copy_state_dict`, :class:`Stager`,
   :class:`Arena`; ``_state_dict.py``, ``_stager.py`` in this package) puts a whole state dict
   in one shared, registered arena.
+- In-place pinning (:func:`pin_`, :func:`unpin_`, :func:`pinned`; ``_pin.py``) page-locks
+  the memory any CPU tensor already has, where ``Tensor.pin_memory()`` copies.
 - Checkpoints (:class:`FileSystemWriter`, :class:`FileSystemReader`; ``_checkpoint.py``)
   write and read DCP's own format at the disk's speed (``O_DIRECT`` from the arena).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._dropin import install, is_installed, uninstall
+from ._pin import PinError, is_pinned_by_hostreg, pin_, pinned, unpin_
 from ._stager import Stager
 from ._state_dict import ALIGNMENT, Arena, copy_state_dict, create_cpu_state_dict
 
@@ -22,12 +25,17 @@ __all__ = [
     "Arena",
     "FileSystemReader",
     "FileSystemWriter",
+    "PinError",
     "Stager",
     "copy_state_dict",
     "create_cpu_state_dict",
     "install",
     "is_installed",
+    "is_pinned_by_hostreg",
+    "pin_",
+    "pinned",
     "uninstall",
+    "unpin_",
 ]
 
 if TYPE_CHECKING:

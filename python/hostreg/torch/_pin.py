@@ -1,0 +1,175 @@
+"""In-place pinning of any CPU tensor: :func:`pin_`, :func:`unpin_`, :func:`pinned`.
+
+``Tensor.pin_memory()`` copies a tensor into new page-locked memory (PyTorch's pinned-memory
+allocator) and returns the copy. :func:`pin_` page-locks the memory a tensor already has, as
+``cudaHostRegister`` does, through hostreg's active backend: a numpy-backed tensor, a
+``torch.from_file`` mapping, shared memory, any CPU allocator's storage. No byte moves.
+
+How the registration's life follows the storage's: :func:`pin_` registers the whole storage,
+then gives the tensor a storage over the same bytes whose last user's release unregisters
+them *first* and only then lets the original storage go (its memory may be freed and reused
+at once after that, and must not still be registered: a stale registration would answer 712
+to whoever pins the reused memory next). Views of the tensor made after :func:`pin_` share
+that storage; views made before keep the original one (same bytes, pinned while the pinned
+storage lives).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import Iterator
+
+import torch
+
+from .. import _core, _hostreg
+from .._core import HostRegisterFlags
+from .._errors import HostregError, cudaError
+
+
+class PinError(HostregError):
+    """:func:`pin_` or :func:`unpin_` was refused; ``code`` is CUDA's answer (e.g. 712,
+    ``cudaErrorHostMemoryAlreadyRegistered``: a byte of the storage is registered already;
+    713 from :func:`unpin_`: not pinned by :func:`pin_`; 2: the memlock limit)."""
+
+    def __init__(self, message: str, code: cudaError) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Pin:
+    """One pinned storage: the registration of [ptr, ptr + nbytes), and the original storage,
+    released only after the registration is undone."""
+
+    def __init__(self, ptr: int, nbytes: int, original: torch.UntypedStorage) -> None:
+        self.ptr, self.nbytes, self.original = ptr, nbytes, original
+        self._lock = threading.Lock()
+        self._live = True
+
+    def unregister(self) -> cudaError:
+        with self._lock:
+            if not self._live:
+                return cudaError.success
+            self._live = False
+            with _pins_lock:
+                if _pins.get(self.ptr) is self:
+                    del _pins[self.ptr]
+        return _core.host_unregister(self.ptr)
+
+    def __del__(self) -> None:
+        # The last tensor over the pinned storage is gone (the DLPack view's deleter dropped
+        # this object): unregister, then the original storage (and maybe its memory) goes.
+        try:
+            self.unregister()
+        except Exception:  # noqa: BLE001 -- at interpreter exit the modules may be gone
+            pass
+
+
+# Storage address -> its pin, while pinned. Weak: the pinned storage's tensors alone keep a pin
+# alive (through the DLPack view's owner reference), so that their release unregisters.
+_pins: weakref.WeakValueDictionary[int, _Pin] = weakref.WeakValueDictionary()
+_pins_lock = threading.Lock()
+
+
+def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch.Tensor:
+    """Page-lock ``tensor``'s whole storage in place (``cudaHostRegister(ptr, nbytes, flags)``
+    through the active backend) and return ``tensor``.
+
+    The registration lasts until :func:`unpin_`, or until the storage is freed (unregistered
+    before its memory is). An empty storage has nothing to lock: ``tensor`` is returned as it
+    is. Raises ``TypeError`` for a non-tensor or a tensor without plain strided storage (sparse,
+    nested, a DTensor: pin its local shard), ``ValueError`` for a tensor not on the CPU (device
+    memory needs no page-locking; ``Tensor.pin_memory()`` is for CPU tensors too, and copies),
+    and :class:`PinError` when the backend refuses: 712 if any byte of the storage is
+    registered already (by an earlier :func:`pin_`, a staging arena, the drop-in), 2 when the
+    memory cannot be locked (``RLIMIT_MEMLOCK``; the message says), 801 for flags the backend
+    cannot honour.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"pin_ takes a torch.Tensor, not {type(tensor).__name__}")
+    if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
+        raise TypeError(f"pin_ takes plain tensors, not {type(tensor).__name__} (for a DTensor, pin its to_local())")
+    if tensor.layout != torch.strided or tensor.is_nested:
+        raise TypeError(f"pin_ takes strided tensors, not {tensor.layout}{' (nested)' if tensor.is_nested else ''}")
+    if tensor.device.type != "cpu":
+        raise ValueError(
+            f"pin_ page-locks host memory; this tensor is on {tensor.device}, which needs none "
+            "(to copy a CPU tensor into pinned memory, use Tensor.pin_memory())"
+        )
+    original = tensor.untyped_storage()
+    ptr, nbytes = original.data_ptr(), original.nbytes()
+    if nbytes == 0:
+        return tensor
+    code = _core.host_register(ptr, nbytes, flags)
+    if code != cudaError.success:
+        raise PinError(f"pin_: cudaHostRegister of {nbytes:,} bytes at {ptr:#x} failed: {code}: {_core.last_error().message}", code)
+    pin = _Pin(ptr, nbytes, original)
+    try:
+        view = torch.from_dlpack(_hostreg.view_of(pin, ptr, nbytes)).untyped_storage()
+        with _pins_lock:
+            _pins[ptr] = pin
+        with torch.no_grad():  # set_ on a leaf that requires grad is refused otherwise
+            tensor.set_(view, tensor.storage_offset(), tensor.shape, tensor.stride())
+    except BaseException:
+        pin.unregister()
+        raise
+    return tensor
+
+
+def unpin_(tensor: torch.Tensor) -> torch.Tensor:
+    """Undo :func:`pin_` now (``cudaHostUnregister``); returns ``tensor``, whose bytes stay
+    where they are. Raises :class:`PinError` (713, ``cudaErrorHostMemoryNotRegistered``) when
+    its storage was not pinned by :func:`pin_`, or was unpinned already; ``TypeError`` for a
+    non-tensor."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"unpin_ takes a torch.Tensor, not {type(tensor).__name__}")
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.is_nested:
+        raise PinError(f"unpin_: this tensor ({tensor.device}, {tensor.layout}) was not pinned by pin_",
+                       cudaError.cudaErrorHostMemoryNotRegistered)
+    storage = tensor.untyped_storage()
+    with _pins_lock:
+        pin = _pins.get(storage.data_ptr())
+    if pin is None or storage.nbytes() == 0:
+        if storage.nbytes() == 0:
+            return tensor  # pin_ locked nothing
+        raise PinError(f"unpin_: the storage at {storage.data_ptr():#x} was not pinned by pin_ (or was unpinned)",
+                       cudaError.cudaErrorHostMemoryNotRegistered)
+    code = pin.unregister()
+    if code != cudaError.success:
+        raise PinError(f"unpin_: cudaHostUnregister failed: {code}: {_core.last_error().message}", code)
+    return tensor
+
+
+@contextlib.contextmanager
+def pinned(*tensors: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> Iterator[tuple[torch.Tensor, ...]]:
+    """``with pinned(a, b): ...``: :func:`pin_` each tensor for the block, :func:`unpin_` them
+    on leaving (also on an exception). When one cannot be pinned, the ones pinned before it
+    are unpinned and the error is raised. Tensors sharing one storage are pinned once."""
+    done: list[torch.Tensor] = []
+    seen: set[int] = set()
+    try:
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.untyped_storage().data_ptr() in seen:
+                continue
+            pin_(t, flags)
+            done.append(t)
+            if t.untyped_storage().nbytes():
+                seen.add(t.untyped_storage().data_ptr())
+        yield tensors
+    finally:
+        for t in reversed(done):
+            with contextlib.suppress(PinError):  # unpinned inside the block already
+                unpin_(t)
+
+
+def is_pinned_by_hostreg(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s first byte lies in a live hostreg registration (``pin_``, a
+    staging arena, the drop-in's ``cudaHostRegister``). About 0.2 us."""
+    if not tensor.is_cpu:
+        return False
+    try:
+        ptr = tensor.data_ptr()
+    except RuntimeError:  # no storage (sparse, ...)
+        return False
+    return bool(ptr) and _hostreg.is_registered(ptr)
