@@ -210,6 +210,14 @@ HOSTREG_API void hostregSetLogHandler(hostregLogHandler handler, void* context);
  * once on stderr. For a handler that should print what the stderr default would. */
 HOSTREG_API int hostregLogLevelFromEnvironment(void);
 
+/* Formats one event as hostreg's own stderr lines do after their "hostreg <level>: " prefix:
+ * "<call>: <cudaError name> (<code>), native <native_code>: <message>", the call part only
+ * for a non-empty call and the code part only for code != 0. Writes at most size bytes,
+ * NUL-terminated, into out (may be NULL when size is 0) and returns the length of the whole
+ * text, as snprintf does. For a log handler that wants hostreg's format. */
+HOSTREG_API size_t hostregFormatLogEvent(const char* call, int code, long long native_code, const char* message,
+                                         char* out, size_t size);
+
 /* The library's version string, "MAJOR.MINOR.PATCH". */
 HOSTREG_API const char* hostregVersion(void);
 

@@ -56,17 +56,8 @@ def _on_log(level: int, call: str, code: int, native: int, message: str, label: 
         py_level = logging.WARNING
     if not log.isEnabledFor(py_level):
         return
-    if code:
-        log.log(py_level, "%s: %s, native %d: %s", label or call, _code_text(code), native, message)
-    else:
-        log.log(py_level, "%s", message)
-
-
-def _code_text(code: int) -> str:
-    try:
-        return str(cudaError(code))
-    except ValueError:  # not a member of CUDA's enum cudaError (cannot happen for hostreg's codes)
-        return f"error {code}"
+    # The C core's own format (hostregFormatLogEvent), the label naming a failed call for torch.
+    log.log(py_level, "%s", _hostreg.format_log_event((label or call) if code else call, code, native, message))
 
 
 class _CStyle(logging.Formatter):

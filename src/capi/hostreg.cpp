@@ -9,6 +9,8 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 using hostreg::null_out;
@@ -192,6 +194,17 @@ int hostregLockAllowance(unsigned long long* memlock_bytes, int* cap_ipc_lock) {
 }
 
 void hostregSetLogHandler(hostregLogHandler handler, void* context) { hostreg::set_log_handler(handler, context); }
+
+size_t hostregFormatLogEvent(const char* call, int code, long long native_code, const char* message, char* out,
+                             size_t size) {
+    const std::string text = hostreg::log_text(call, code, native_code, message ? message : "");
+    if (out && size) {
+        const size_t n = std::min(size - 1, text.size());
+        std::memcpy(out, text.data(), n);
+        out[n] = '\0';
+    }
+    return text.size();
+}
 
 int hostregLogLevelFromEnvironment(void) {
     const hostreg::LogLevel level = hostreg::log_level_from_environment();

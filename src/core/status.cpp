@@ -101,13 +101,17 @@ void emit(LogLevel level, const char* call, int code, long long native, const st
     }
     if (level < threshold()) return;
     static const char* const kNames[] = {"debug", "info", "warning"};
-    std::string line = std::string("hostreg ") + kNames[static_cast<int>(level)] + ": ";
-    if (*call) line += std::string(call) + ": ";
-    if (code) line += std::string(error_name(code)) + " (" + std::to_string(code) + "), native " + std::to_string(native) + ": ";
-    std::fprintf(stderr, "%s%s\n", line.c_str(), message.c_str());
+    std::fprintf(stderr, "hostreg %s: %s\n", kNames[static_cast<int>(level)], log_text(call, code, native, message).c_str());
 }
 
 }  // namespace
+
+std::string log_text(const char* call, int code, long long native, const std::string& message) {
+    std::string text;
+    if (call && *call) text += std::string(call) + ": ";
+    if (code) text += std::string(error_name(code)) + " (" + std::to_string(code) + "), native " + std::to_string(native) + ": ";
+    return text + message;
+}
 
 bool is_callers_error(int code) {
     return code == hostregErrorInvalidValue || code == hostregErrorHostMemoryAlreadyRegistered ||

@@ -63,6 +63,11 @@ void log(LogLevel level, const std::string& message);
 void set_log_handler(hostregLogHandler handler, void* context);
 LogLevel log_level_from_environment();  // HOSTREG_LOG_LEVEL, Off when unset or unknown
 
+// The text of one event, the one format of every diagnostic line (stderr's, and the Python
+// logger's through hostregFormatLogEvent): "<call>: <cudaError name> (<code>), native <n>:
+// <message>", the call and code parts only when given.
+std::string log_text(const char* call, int code, long long native, const std::string& message);
+
 // 1 (invalid value), 712 and 713: what the caller got wrong, not what the machine refused.
 bool is_callers_error(int code);
 

@@ -620,6 +620,15 @@ NB_MODULE(_hostreg, m) {
             return std::make_tuple(limit == ~0ull ? std::optional<unsigned long long>() : limit, cap != 0);
         },
         "hostregLockAllowance: (RLIMIT_MEMLOCK soft limit in bytes or None when unlimited, CAP_IPC_LOCK held).");
+    m.def(
+        "format_log_event",
+        [](const std::string& call, int code, long long native, const std::string& message) {
+            std::string out(hostregFormatLogEvent(call.c_str(), code, native, message.c_str(), nullptr, 0), '\0');
+            hostregFormatLogEvent(call.c_str(), code, native, message.c_str(), out.data(), out.size() + 1);
+            return out;
+        },
+        nb::arg("call"), nb::arg("code"), nb::arg("native"), nb::arg("message"),
+        "hostregFormatLogEvent: one event in hostreg's log format.");
     m.def("log_level_from_environment", &hostregLogLevelFromEnvironment,
           "hostregLogLevelFromEnvironment: HOSTREG_LOG_LEVEL as 0 debug, 1 info, 2 warning, or -1.");
     m.def("version", &hostregVersion, "Version of the C library.");

@@ -360,3 +360,22 @@ TEST_F(Queries, LogHandlerGetsEachFailureOnceAtItsLevel) {
     EXPECT_EQ(events[2].code, hostregErrorHostMemoryAlreadyRegistered);
     EXPECT_EQ(events[2].level, HOSTREG_LOG_DEBUG);
 }
+
+namespace {
+
+// hostregFormatLogEvent is the one format of hostreg's diagnostic lines (the stderr default's,
+// after "hostreg <level>: ", and the Python logger's): snprintf's contract, parts only when given.
+TEST(LogFormat, OneEventAsTheStderrLinesSayIt) {
+    char out[256];
+    const size_t n = hostregFormatLogEvent("hostregHostRegister", 2, 12, "mlock failed", out, sizeof out);
+    EXPECT_STREQ(out, "hostregHostRegister: cudaErrorMemoryAllocation (2), native 12: mlock failed");
+    EXPECT_EQ(n, std::strlen(out));
+    hostregFormatLogEvent("", 0, 0, "backend posix selected", out, sizeof out);
+    EXPECT_STREQ(out, "backend posix selected");
+    char small[8];
+    EXPECT_EQ(hostregFormatLogEvent("call", 0, 0, "a longer message", small, sizeof small), 22u);  // the whole length
+    EXPECT_STREQ(small, "call: a");                                                              // cut, NUL-terminated
+    EXPECT_EQ(hostregFormatLogEvent(nullptr, 0, 0, nullptr, nullptr, 0), 0u);
+}
+
+}  // namespace
