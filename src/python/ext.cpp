@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -69,14 +70,14 @@ uint64_t int_arg(nb::handle value, const char* name, unsigned long long limit = 
 constexpr unsigned long long kU32 = 1ull << 32;
 constexpr unsigned long long kI32 = 1ull << 31;
 
-// May a thread that does not hold the GIL take it now? Not once the interpreter is finalizing.
-bool interpreter_running() {
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsInitialized() && !Py_IsFinalizing();
-#else
-    return Py_IsInitialized() && !_Py_IsFinalizing();
-#endif
-}
+// Set by an atexit callback registered when the module is imported: the interpreter is
+// shutting down. Public API only (CPython's own finalizing flag is private before 3.13, and
+// hidden from the stable ABI), and earlier than that flag: from the last atexit callback on.
+std::atomic<bool> g_exiting{false};
+
+// May a thread that does not hold the GIL take it now? Not once the interpreter is exiting:
+// what hostreg would do then (log a line, release a buffer's owner) is left to the OS.
+bool interpreter_running() { return Py_IsInitialized() && !g_exiting.load(std::memory_order_acquire); }
 
 // hostreg's diagnostics go to one Python callable, sink(level, call, code, native, message,
 // label), set by hostreg/_core.py; each event reaches it once (hostregSetLogHandler). label:
@@ -280,6 +281,11 @@ NB_MODULE(_hostreg, m) {
     // Staged tensors may outlive the module at interpreter exit (they hold their buffers);
     // the OS releases the memory, and nanobind's leak report would only alarm.
     nb::set_leak_warnings(false);
+    // atexit callbacks run in reverse order: those registered later (modules imported after
+    // hostreg) run before this one and may still release buffers; what callbacks registered
+    // earlier free afterwards is left to the OS.
+    nb::module_::import_("atexit").attr("register")(
+        nb::cpp_function([]() { g_exiting.store(true, std::memory_order_release); }));
 
     m.def(
         "set_log_sink",
