@@ -120,8 +120,8 @@ def host_get_flags(ptr: int) -> tuple[cudaError, HostRegisterFlags]:
     return cudaError(code), HostRegisterFlags(flags)
 
 
-def _reg(t: tuple[int, int, int, int, str]) -> Registration:
-    return Registration(t[0], t[1], HostRegisterFlags(t[2]), t[3], t[4])
+def _reg(r: _hostreg.RegistrationRecord) -> Registration:
+    return Registration(r.base, r.nbytes, HostRegisterFlags(r.flags), r.device_ptr, r.backend)
 
 
 def registration(ptr: int) -> Registration | None:

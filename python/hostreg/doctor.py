@@ -150,9 +150,10 @@ def diagnose(staging_bytes: int = DEFAULT_BYTES) -> Diagnosis:
     backends = []
     for name in _hostreg.backend_names():
         # One probe per backend: hostregBackendCapabilities probes as hostregProbeBackend does.
-        code, flags, max_registration, granule, library, version, note, reason = _hostreg.backend_capabilities(name)
-        detail = reason if code else " ".join(x for x in (library, version) if x)
-        backends.append(BackendReport(name, code == 0, detail, library, version, flags, granule, max_registration, note))
+        c = _hostreg.backend_capabilities(name)
+        detail = c.reason if c.code else " ".join(x for x in (c.library, c.version) if x)
+        backends.append(BackendReport(name, c.code == 0, detail, c.library, c.version, c.flags, c.granule,
+                                      c.max_registration, c.note))
     auto = next(b.name for b in backends if b.available)
     active = _hostreg.backend_name()
     reason = _hostreg.last_error()[2] if active == "none" else ""

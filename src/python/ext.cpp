@@ -31,12 +31,27 @@ namespace {
 void* as_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 uintptr_t as_int(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
-// (base, bytes, flags, device_ptr, backend)
-using RegTuple = std::tuple<uintptr_t, size_t, unsigned, uintptr_t, std::string>;
+// hostregRegistration as Python sees it (addresses as ints).
+struct RegistrationRecord {
+    uintptr_t base;
+    size_t nbytes;
+    unsigned flags;
+    uintptr_t device_ptr;
+    std::string backend;
+};
 
-RegTuple to_tuple(const hostregRegistration& r) {
-    return {as_int(r.base), r.bytes, r.flags, as_int(r.device_ptr), r.backend};
+RegistrationRecord to_record(const hostregRegistration& r) {
+    return {as_int(r.base), r.bytes, r.flags, as_int(r.device_ptr), r.backend ? r.backend : ""};
 }
+
+// hostregBackendCapabilities' answer and record.
+struct CapabilitiesRecord {
+    int code;  // cudaError number: 0 when the backend is usable
+    unsigned flags;
+    size_t max_registration;
+    size_t granule;
+    std::string library, version, note, reason;
+};
 
 // Integer arguments, converted as the Python package documents them: anything with __index__
 // but bool, else TypeError; below 0 or not below `limit`, ValueError. Names are the Python ones.
@@ -134,8 +149,8 @@ struct Labelled {
 };
 
 // The staging buffers alive in this process, by first byte, each with its Python object
-// (borrowed: an entry goes when that object is destroyed). arena_of() finds the buffer a
-// tensor's bytes lie in from here. Guarded by the GIL (every use holds it and none releases
+// (borrowed: an entry goes when that object is destroyed). staging_buffer_of() finds the buffer
+// a tensor's bytes lie in from here. Guarded by the GIL (every use holds it and none releases
 // it), so no Python exception, garbage collection or fork() can find it half-updated or locked.
 std::map<uintptr_t, PyObject*>& live_buffers() {
     static auto* live = new std::map<uintptr_t, PyObject*>();  // never destroyed: used until exit
@@ -228,7 +243,7 @@ nb::object own(hostregStagingBuffer* b) {
 }
 
 // The live staging buffer holding [ptr, ptr + nbytes), or None.
-nb::object arena_of(uintptr_t ptr, size_t nbytes) {
+nb::object staging_buffer_of(uintptr_t ptr, size_t nbytes) {
     auto& live = live_buffers();
     auto it = live.upper_bound(ptr);
     if (it == live.begin()) {
@@ -287,6 +302,22 @@ NB_MODULE(_hostreg, m) {
     nb::module_::import_("atexit").attr("register")(
         nb::cpp_function([]() { g_exiting.store(true, std::memory_order_release); }));
 
+    nb::class_<RegistrationRecord>(m, "RegistrationRecord", "One live registration (hostregRegistration).")
+        .def_ro("base", &RegistrationRecord::base, "address passed to host_register")
+        .def_ro("nbytes", &RegistrationRecord::nbytes, "byte count passed to host_register")
+        .def_ro("flags", &RegistrationRecord::flags, "flags passed to host_register")
+        .def_ro("device_ptr", &RegistrationRecord::device_ptr, "device address of base (posix: base itself)")
+        .def_ro("backend", &RegistrationRecord::backend, "backend that locked it");
+    nb::class_<CapabilitiesRecord>(m, "CapabilitiesRecord",
+                                   "What one backend can do here (hostregCapabilities), with the probe's answer.")
+        .def_ro("code", &CapabilitiesRecord::code, "cudaError number: 0 when the backend is usable")
+        .def_ro("flags", &CapabilitiesRecord::flags, "cudaHostRegister flags honoured; 0 if unavailable")
+        .def_ro("max_registration", &CapabilitiesRecord::max_registration, "most bytes one registration may span")
+        .def_ro("granule", &CapabilitiesRecord::granule, "bytes the runtime registers in (1: any range)")
+        .def_ro("library", &CapabilitiesRecord::library, "the runtime file loaded, '' if none")
+        .def_ro("version", &CapabilitiesRecord::version, "the runtime's version in its own terms")
+        .def_ro("note", &CapabilitiesRecord::note, "what a success means with this backend")
+        .def_ro("reason", &CapabilitiesRecord::reason, "why the backend is unavailable, '' when it is available");
     m.def(
         "set_log_sink",
         [](nb::object sink) {
@@ -354,13 +385,12 @@ NB_MODULE(_hostreg, m) {
         "hostregIsRegistered: whether address ptr lies in a live registration.");
     m.def(
         "registration",
-        [](nb::handle ptr) -> std::optional<RegTuple> {
+        [](nb::handle ptr) -> std::optional<RegistrationRecord> {
             hostregRegistration r{};
             if (hostregPointerGetRegistration(as_ptr(int_arg(ptr, "ptr")), &r) != hostregSuccess) return std::nullopt;
-            return to_tuple(r);
+            return to_record(r);
         },
-        nb::arg("ptr"),
-        "The live registration containing ptr as (base, nbytes, flags, device_ptr, backend), or None.");
+        nb::arg("ptr"), "hostregPointerGetRegistration: the live registration containing ptr, or None.");
     m.def(
         "registrations",
         []() {
@@ -368,12 +398,12 @@ NB_MODULE(_hostreg, m) {
             hostregListRegistrations(nullptr, 0, &total);
             std::vector<hostregRegistration> buf(total + 16);  // room for concurrent additions
             size_t n = hostregListRegistrations(buf.data(), buf.size(), &total);
-            std::vector<RegTuple> out;
+            std::vector<RegistrationRecord> out;
             out.reserve(n);
-            for (size_t i = 0; i < n; ++i) out.push_back(to_tuple(buf[i]));
+            for (size_t i = 0; i < n; ++i) out.push_back(to_record(buf[i]));
             return out;
         },
-        "All live registrations, in address order, as (base, nbytes, flags, device_ptr, backend).");
+        "hostregListRegistrations: all live registrations, in address order.");
     m.def(
         "stats",
         []() {
@@ -443,6 +473,8 @@ NB_MODULE(_hostreg, m) {
             return std::make_tuple(code, buffer);
         },
         nb::arg("nbytes"), nb::arg("shared"), nb::arg("pin"), nb::arg("flags"), nb::arg("max_chunk") = 0,
+        nb::sig("def staging_buffer_create(nbytes: int, shared: bool, pin: bool, flags: int, max_chunk: int = 0) "
+                "-> tuple[int, StagingBuffer | None]"),
         "hostregStagingBufferCreate: (cudaError number, StagingBuffer or None).");
     m.def(
         "staging_buffer_room",
@@ -471,8 +503,10 @@ NB_MODULE(_hostreg, m) {
             return std::make_tuple(code, buffer);
         },
         nb::arg("fd"), nb::arg("nbytes"),
+        nb::sig("def staging_buffer_attach(fd: int, nbytes: int) -> tuple[int, StagingBuffer | None]"),
         "hostregStagingBufferAttach (takes fd over): (cudaError number, StagingBuffer or None).");
-    m.def("arena_of", &arena_of, nb::arg("ptr"), nb::arg("nbytes"),
+    m.def("staging_buffer_of", &staging_buffer_of, nb::arg("ptr"), nb::arg("nbytes"),
+          nb::sig("def staging_buffer_of(ptr: int, nbytes: int) -> StagingBuffer | None"),
           "The live StagingBuffer of this process holding [ptr, ptr + nbytes), or None.");
     m.def("bytes_view", &bytes_view, nb::arg("owner"), nb::arg("ptr"), nb::arg("nbytes"),
           "A DLPack capsule of nbytes uint8 at ptr (for torch.from_dlpack) that keeps owner alive while any "
@@ -597,12 +631,10 @@ NB_MODULE(_hostreg, m) {
             }
             raise_pending();
             auto s = [](const char* p) { return std::string(p ? p : ""); };
-            return std::make_tuple(code, c.flags, c.max_registration, c.granule, s(c.library), s(c.version), s(c.note),
-                                   s(c.reason));
+            return CapabilitiesRecord{code, c.flags, c.max_registration, c.granule, s(c.library), s(c.version),
+                                      s(c.note), s(c.reason)};
         },
-        nb::arg("name"),
-        "hostregBackendCapabilities: (cudaError number, flags, max_registration bytes, granule bytes, library, "
-        "version, note, reason) for one backend.");
+        nb::arg("name"), "hostregBackendCapabilities: what one backend can do here, as its probe found it.");
     m.def(
         "set_default_device",
         [](int device) {

@@ -196,7 +196,7 @@ class CountingWriter(FileSystemWriter):
                 t = obj.detach()
                 counts["tensors"] += 1
                 counts["bytes"] += t.nbytes
-                if _sharing.arena_of(t) is not None:
+                if _sharing.staging_buffer_of(t) is not None:
                     counts["in_arena"] += 1
                     counts["bytes_in_arena"] += t.nbytes
             return obj

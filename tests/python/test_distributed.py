@@ -82,7 +82,7 @@ def check_staged(sd: dict, staged: dict) -> None:
             assert torch.equal(local, src.to_local()), key
         else:
             local = dst
-        assert _sharing.arena_of(local) is not None, f"{key} is not in the arena"
+        assert _sharing.staging_buffer_of(local) is not None, f"{key} is not in the arena"
         assert local.untyped_storage().nbytes() == local.nbytes, f"{key}: its storage holds more than its bytes"
     assert dtensors >= 4
     emb, head = staged["model"]["emb.weight"], staged["model"]["head.weight"]

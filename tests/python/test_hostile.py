@@ -368,7 +368,7 @@ def test_an_interrupt_during_arena_creation_leaves_every_live_arena_known():
                 break
             finally:
                 sys.settrace(None)
-            assert _sharing.arena_of(live["w"]) is not None, f"live arena unknown after an interrupt at line {k}"
+            assert _sharing.staging_buffer_of(live["w"]) is not None, f"live arena unknown after an interrupt at line {k}"
             assert hostreg.stats().registrations == 1, f"after an interrupt at line {k}: {hostreg.registrations()}"
         del extra
         got = ForkingPickler.loads(ForkingPickler.dumps(live))  # what a Queue.put and get do
@@ -400,7 +400,7 @@ def test_a_fork_while_another_thread_holds_the_arena_index_lock():
         if pid == 0:
             signal.alarm(20)  # a child stuck on the inherited lock dies of SIGALRM
             st = ht.create_cpu_state_dict({"w": torch.ones(4)})
-            os._exit(0 if _sharing.arena_of(st["w"]) is not None else 3)
+            os._exit(0 if _sharing.staging_buffer_of(st["w"]) is not None else 3)
         _, status = os.waitpid(pid, 0)
         release.set()
         print(os.waitstatus_to_exitcode(status), left())
@@ -420,7 +420,7 @@ def test_sending_a_staged_storage_keeps_it_in_its_arena():
         ptr = st["w"].data_ptr()
         got = ForkingPickler.loads(ForkingPickler.dumps(st["w"].untyped_storage()))
         typed = ForkingPickler.loads(ForkingPickler.dumps(torch.TypedStorage(wrap_storage=st["w"].untyped_storage(), dtype=torch.float32, _internal=True)))
-        same = st["w"].data_ptr() == ptr and hostreg.registration(ptr) is not None and _sharing.arena_of(st["w"]) is not None
+        same = st["w"].data_ptr() == ptr and hostreg.registration(ptr) is not None and _sharing.staging_buffer_of(st["w"]) is not None
         view = torch.empty(0, dtype=torch.float32).set_(got)
         view[0] = 5.0  # the received storage is the arena's memory, mapped again: not a copy
         print(same, st["w"][0].item(), typed.size(), len(got))
@@ -458,7 +458,7 @@ def test_a_view_past_the_end_of_an_arena_is_refused():
         from hostreg import _hostreg
         from hostreg.torch import _sharing
         st = ht.create_cpu_state_dict({"w": torch.zeros(8)})
-        buf = _sharing.arena_of(st["w"])
+        buf = _sharing.staging_buffer_of(st["w"])
         for ptr, n in ((buf.data_ptr, buf.size + 1), (buf.data_ptr + buf.size, 1), (buf.data_ptr - 1, 1), (buf.data_ptr, 1 << 62)):
             try:
                 _hostreg.bytes_view(buf, ptr, n)
@@ -482,7 +482,7 @@ def test_copy_refuses_a_source_that_overlaps_its_destination():
         st = ht.create_cpu_state_dict(sd)
         ht.copy_state_dict(sd, st)
         from hostreg.torch import _sharing
-        buf = _sharing.arena_of(st["a"])
+        buf = _sharing.staging_buffer_of(st["a"])
         tail = _sharing.tensor_view(buf, st["a"].data_ptr() - buf.data_ptr + 2000, (1000,), torch.float32)  # a[500:] and on
         shifted = {"a": sd["a"], "b": tail}  # b's source overlaps a's destination
         for src in (shifted, {"a": st["b"], "b": torch.arange(2000.0)[::2]}):  # a's source is b's destination

@@ -83,15 +83,15 @@ def expected_offsets(tensors: list[torch.Tensor]) -> list[int]:
     return out
 
 
-def arena_of(t: torch.Tensor):
+def staging_buffer_of(t: torch.Tensor):
     """The hostreg arena (its StagingBuffer) tensor t lives in, or None."""
     from hostreg.torch import _sharing
 
-    return _sharing.arena_of(t)
+    return _sharing.staging_buffer_of(t)
 
 
 def in_shared_arena(t: torch.Tensor) -> bool:
-    buf = arena_of(t)
+    buf = staging_buffer_of(t)
     return buf is not None and buf.fd >= 0
 
 
@@ -109,14 +109,14 @@ def check_one_arena(src_tensors: list[torch.Tensor], staged_tensors: list[torch.
         return  # views of shared or larger storages: see test_views_and_tied_weights_are_staged_once
     if not nonempty:
         return
-    buf = arena_of(nonempty[0][1])
+    buf = staging_buffer_of(nonempty[0][1])
     assert buf is not None, "not inside a hostreg arena"
     base = buf.data_ptr
     assert base % ALIGN == 0
     reg = hostreg.registration(base)
     assert (reg is not None) == registered
     for s, d, off in nonempty:
-        assert arena_of(d) is buf, "not in the one arena"
+        assert staging_buffer_of(d) is buf, "not in the one arena"
         assert d.data_ptr() == base + off and (base + off) % ALIGN == 0
         assert off + d.nbytes <= buf.size
         if registered:
@@ -419,7 +419,7 @@ def _child_writes(t: torch.Tensor, q) -> None:
     # its own bytes), then write into it.
     from hostreg.torch import _sharing
 
-    q.put((_sharing.arena_of(t) is not None and t.untyped_storage().nbytes() == t.nbytes, t.tolist()))
+    q.put((_sharing.staging_buffer_of(t) is not None and t.untyped_storage().nbytes() == t.nbytes, t.tolist()))
     t.copy_(torch.arange(100, 100 + t.numel(), dtype=t.dtype).view(t.shape))
 
 
@@ -821,7 +821,7 @@ def test_copy_state_dict_replays_only_while_sources_and_destinations_stay_put():
     ht.copy_state_dict(src, dst)
     from hostreg.torch import _sharing, _state_dict
 
-    plan = _state_dict._plans[_sharing.arena_of(dst["w"])]
+    plan = _state_dict._plans[_sharing.staging_buffer_of(dst["w"])]
     assert plan._replay is not None  # the next copy of the same tensors replays this one's batch
     src["w"].mul_(2)
     ht.copy_state_dict(src, dst)

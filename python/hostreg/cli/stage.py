@@ -130,7 +130,7 @@ def _shared_arena(t: torch.Tensor) -> bool:
     is_shared() does not know it is shared memory.)"""
     from ..torch import _sharing
 
-    buf = _sharing.arena_of(t)
+    buf = _sharing.staging_buffer_of(t)
     return buf is not None and buf.fd >= 0
 
 

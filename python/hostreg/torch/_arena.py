@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NoReturn
 
 import torch
 
@@ -14,7 +14,7 @@ from ._dtensor import wrap
 from ._layout import Layout
 
 
-def raise_last(what: str) -> None:
+def raise_last(what: str) -> NoReturn:
     """StagingError with the calling thread's last hostreg failure (the C core has logged it)."""
     err = _core.last_error()
     raise StagingError(f"{what}: {err.code}: {err.message}")
@@ -57,9 +57,8 @@ class Arena:
                 f"cannot stage {nbytes:,} bytes of staging memory: cudaErrorMemoryAllocation (2): more than a "
                 "64-bit address space holds (2**64 bytes)"
             )
-        code, created = _hostreg.staging_buffer_create(max(nbytes, 1), share, pin, int(flags), max_chunk_bytes)
-        buf: Any = created  # a _hostreg.StagingBuffer (or None with a failure code)
-        if code != 0:
+        code, buf = _hostreg.staging_buffer_create(max(nbytes, 1), share, pin, int(flags), max_chunk_bytes)
+        if code != 0 or buf is None:
             raise_last(f"cannot {'register' if code in (712, 801) else 'stage'} {nbytes:,} bytes of staging memory")
         self.buffer = buf
         self.chunks = buf.chunks

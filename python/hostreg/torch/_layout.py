@@ -172,7 +172,8 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Layout:
-    """A state dict's arena: its structure, each leaf's place, each span's place."""
+    """Where a state dict goes in its arena: its structure, each leaf's place, each span's place
+    (the arena, :class:`Arena`, is the memory; the layout is the plan for it)."""
 
     spec: _tree.Spec
     grouping: Grouping

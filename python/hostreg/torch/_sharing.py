@@ -35,10 +35,11 @@ from typing import Any
 import torch
 
 from .. import _hostreg
+from .._hostreg import StagingBuffer
 from .._errors import HostregError
 
-# Which arena an address lies in is answered by the extension (``_hostreg.arena_of``): its
-# index of live buffers changes only inside C++ calls, with the GIL held, so no Python
+# Which staging buffer (the C core's memory beneath an :class:`Arena`) an address lies in is
+# answered by the extension (``_hostreg.staging_buffer_of``): its index of live buffers changes only inside C++ calls, with the GIL held, so no Python
 # exception (a KeyboardInterrupt), garbage collection or fork() can find it half-updated or
 # locked. The lock here guards only the one-time install of the reducers.
 _lock = threading.Lock()
@@ -57,13 +58,14 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def track() -> None:
     """Called for every new arena: from now on its tensors are sent to other processes by file
-    (installs the reducers, once). The arena itself is known to :func:`arena_of` from its
-    creation."""
+    (installs the reducers, once). Its staging buffer is known to :func:`staging_buffer_of` from
+    its creation."""
     _install()
 
 
-def arena_of(t: torch.Tensor) -> Any:
-    """The buffer of the arena tensor ``t`` lives in, or None."""
+def staging_buffer_of(t: torch.Tensor) -> StagingBuffer | None:
+    """The staging buffer (``_hostreg.StagingBuffer``, the memory of an arena) that tensor ``t``
+    lies in, or None."""
     if t.device.type != "cpu" or t.layout != torch.strided:
         return None
     try:
@@ -71,15 +73,15 @@ def arena_of(t: torch.Tensor) -> Any:
         ptr, nbytes = st.data_ptr(), st.nbytes()
     except (RuntimeError, NotImplementedError):  # no real storage (a fake or functional tensor)
         return None
-    return _hostreg.arena_of(ptr, nbytes) if nbytes else None
+    return _hostreg.staging_buffer_of(ptr, nbytes) if nbytes else None
 
 
-def storage_view(buf: Any, offset: int, nbytes: int) -> torch.UntypedStorage:
+def storage_view(buf: StagingBuffer, offset: int, nbytes: int) -> torch.UntypedStorage:
     """A storage of exactly ``nbytes`` bytes at byte ``offset`` of ``buf`` (keeping it alive)."""
     return torch.from_dlpack(_hostreg.bytes_view(buf, buf.data_ptr + offset, nbytes)).untyped_storage()
 
 
-def tensor_view(buf: Any, offset: int, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def tensor_view(buf: StagingBuffer, offset: int, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A contiguous tensor of ``shape`` and ``dtype`` at byte ``offset`` of ``buf``, with a
     storage of its own (empty tensors: an empty one of their own, no bytes of the arena)."""
     numel = 1
@@ -95,16 +97,16 @@ def tensor_view(buf: Any, offset: int, shape: torch.Size | tuple[int, ...], dtyp
 # ---- torch.multiprocessing ----------------------------------------------------------------
 
 
-def _reduce_buffer(buf: Any) -> tuple:
+def _reduce_buffer(buf: StagingBuffer) -> tuple:
     from multiprocessing.reduction import DupFd
 
     return (_attach, (DupFd(buf.fd), buf.size))
 
 
-def _attach(dup: Any, size: int) -> Any:
+def _attach(dup: Any, size: int) -> StagingBuffer:
     """The receiving side of :func:`_reduce_buffer`: the same file, mapped here."""
     code, buf = _hostreg.staging_buffer_attach(dup.detach(), size)
-    if code != 0:
+    if code != 0 or buf is None:
         _, native, message = _hostreg.last_error()
         raise HostregError(f"hostreg: cannot map a staging arena passed from another process: {message}")
     track()
@@ -119,7 +121,7 @@ def _named(t: torch.Tensor) -> bool:
 def _reduce_tensor(t: torch.Tensor) -> tuple:
     # What torch refuses to send (a non-leaf that requires grad, a named tensor), it refuses.
     if type(t) in (torch.Tensor, torch.nn.Parameter) and not (t.requires_grad and not t.is_leaf) and not _named(t):
-        buf = arena_of(t)
+        buf = staging_buffer_of(t)
         if buf is not None and buf.fd >= 0:  # shared memory: sent by file
             st = t.untyped_storage()
             meta = (st.data_ptr() - buf.data_ptr, st.nbytes(), t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
@@ -132,7 +134,7 @@ def _reduce_tensor(t: torch.Tensor) -> tuple:
 _rebuilt: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _storage_at(buf: Any, offset: int, nbytes: int) -> torch.UntypedStorage:
+def _storage_at(buf: StagingBuffer, offset: int, nbytes: int) -> torch.UntypedStorage:
     storages = _rebuilt.setdefault(buf, weakref.WeakValueDictionary())  # entries live with their tensors
     storage = storages.get((offset, nbytes))
     if storage is None:
@@ -141,7 +143,7 @@ def _storage_at(buf: Any, offset: int, nbytes: int) -> torch.UntypedStorage:
     return storage
 
 
-def _rebuild_tensor(buf: Any, meta: tuple, requires_grad: bool, parameter: bool) -> torch.Tensor:
+def _rebuild_tensor(buf: StagingBuffer, meta: tuple, requires_grad: bool, parameter: bool) -> torch.Tensor:
     offset, nbytes, dtype, shape, stride, storage_offset = meta
     storage = _storage_at(buf, offset, nbytes)
     t = torch.empty(0, dtype=dtype).set_(storage, storage_offset, shape, stride)
@@ -155,7 +157,7 @@ def _reduce_storage(st: torch.UntypedStorage) -> tuple:
     """A storage inside a shared arena goes by file, as its tensors do (torch's reducer would
     copy it into new shared memory and move it out of the arena)."""
     if st.device.type == "cpu" and st.nbytes():
-        buf: Any = _hostreg.arena_of(st.data_ptr(), st.nbytes())  # a StagingBuffer, or None
+        buf = _hostreg.staging_buffer_of(st.data_ptr(), st.nbytes())
         if buf is not None and buf.fd >= 0:
             return (_storage_at, (buf, st.data_ptr() - buf.data_ptr, st.nbytes()))
     return _torch_reducers[torch.UntypedStorage](st)

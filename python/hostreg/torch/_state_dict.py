@@ -114,7 +114,7 @@ def _copy_state_dict(src: Any, dst: Any, threads: int) -> Any:
             extra = sorted(_tree.dotted(p) for p in set(by_path) - set(d_paths))[:3]
             raise ValueError(f"source and destination differ in structure (missing {missing}, extra {extra})")
         s_list = [by_path[p] for p in d_paths]
-    arena = _sharing.arena_of(local_of(d_list[0])) if d_list else None
+    arena = _sharing.staging_buffer_of(local_of(d_list[0])) if d_list else None
     plan = _plans.get(arena) if arena is not None else None
     if plan is None or plan.ids != list(map(id, d_list)) or not plan.alive():  # plan.copy checks where they live
         plan = CopyPlan(d_list, weak=True)

@@ -1,4 +1,4 @@
-"""The one walk over a nested state dict: :func:`flatten` it into its tensors, its other
+"""Walking a nested state dict: :func:`flatten` it into its tensors, its other
 values and a spec of its structure; :func:`unflatten` builds it again from a spec.
 
 Containers are mappings (dict, OrderedDict, any dict subclass: rebuilt as their own type
