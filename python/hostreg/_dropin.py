@@ -34,6 +34,7 @@ _NO_CUDA = ("Torch not compiled with CUDA enabled", "libcudart functions unavail
 
 _original: Callable[[], Any] | None = None  # torch.cuda.cudart before install()
 _original_is_pinned: Callable[..., bool] | None = None  # torch.Tensor.is_pinned before install()
+_is_pinned_wrapper: Callable[..., bool] | None = None  # what install() put there
 
 
 def _wrap_is_pinned(original: Callable[..., bool]) -> Callable[..., bool]:
@@ -111,9 +112,9 @@ def install() -> None:
     if getattr(cuda, "_cudart", False) is None and not _torch_has_cuda():
         cuda._cudart = _hostreg_cudart()  # for torch.cuda.check_error / CudaError
     tensor = importlib.import_module("torch._tensor").Tensor  # also while torch itself is still being imported
-    global _original_is_pinned
+    global _original_is_pinned, _is_pinned_wrapper
     _original_is_pinned = tensor.__dict__.get("is_pinned")  # None: inherited from torch._C.TensorBase
-    tensor.is_pinned = _wrap_is_pinned(tensor.is_pinned)
+    _is_pinned_wrapper = tensor.is_pinned = _wrap_is_pinned(tensor.is_pinned)
     _original = original
 
 
@@ -140,7 +141,7 @@ def uninstall() -> None:
     if getattr(cuda, "_cudart", None) is _hostreg_cudart():
         cuda._cudart = None
     tensor = importlib.import_module("torch._tensor").Tensor  # also while torch itself is still being imported
-    if hasattr(tensor.__dict__.get("is_pinned"), "__hostreg_original__"):
+    if tensor.__dict__.get("is_pinned") is _is_pinned_wrapper:  # not if another wrapper went on top since
         if _original_is_pinned is None:
             del tensor.is_pinned  # torch._C.TensorBase's again
         else:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 import json
 import mmap
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -38,13 +40,17 @@ def test_pin_locks_the_storage_in_place_and_its_release_unlocks_it(kind: str, tm
         t = torch.arange(n, dtype=torch.float32).share_memory_()
     elif kind == "parameter":
         t = torch.nn.Parameter(torch.arange(n, dtype=torch.float32))
-    else:  # a view into the middle of a larger storage: the whole storage is pinned
-        t = torch.arange(2 * n, dtype=torch.float32)[n // 2 : n // 2 + n]
+    else:  # a tensor in the middle of a larger storage, alone on it: the whole storage is pinned
+        t = torch.arange(2 * n, dtype=torch.float32)[n // 2 : n // 2 + n].detach()
     want = t.detach().clone()
     storage = t.untyped_storage()
     ptr, nbytes, data_ptr = storage.data_ptr(), storage.nbytes(), t.data_ptr()
     locked0 = hostreg.locked_bytes()
-    assert ht.pin_(t) is t
+    if kind in ("from_file", "shared"):
+        with pytest.warns(RuntimeWarning, match="sending the tensor to another process"):
+            assert ht.pin_(t) is t
+    else:
+        assert ht.pin_(t) is t
     assert t.data_ptr() == data_ptr and torch.equal(t.detach(), want), "pinned in place: no byte moved"
     reg = hostreg.registration(ptr)
     assert reg is not None and (reg.base, reg.nbytes) == (ptr, nbytes)
@@ -91,7 +97,7 @@ def test_pin_twice_answers_712_and_unpin_twice_713():
 
 def test_pinned_unpins_on_leaving_and_rolls_back_when_one_fails():
     a, b = torch.zeros(10_000), torch.ones(10_000)
-    with ht.pinned(a, b, a[5:]):  # a and its view share a storage: pinned once
+    with ht.pinned(a, b, a):  # the same storage twice: pinned once
         assert ht.is_pinned_by_hostreg(a) and ht.is_pinned_by_hostreg(b)
         assert hostreg.stats().registrations == 2
     assert hostreg.stats().registrations == 0
@@ -119,6 +125,91 @@ def test_pin_refuses_what_it_cannot_lock(make, error, words):
     with pytest.raises(error, match=words):
         ht.pin_(make())
     assert hostreg.stats().registrations == 0
+
+
+def test_pin_refuses_storages_others_could_free_or_move_under_it():
+    # A view made before pin_ keeps the original storage: resize_(0) or share_memory_() on it
+    # would free the memory while it is registered. Refused, naming the fix.
+    base = torch.zeros(1 << 16)
+    early = base[10:]
+    with pytest.raises(ValueError, match="pin the tensor before making views"):
+        ht.pin_(base)
+    p = torch.nn.Parameter(torch.zeros(1 << 16))
+    with pytest.raises(ValueError, match="other tensor"):
+        ht.pin_(p.data)  # a second tensor over p's storage: p could move it
+    with pytest.raises(ValueError, match="base of a view"):
+        ht.pin_(torch.zeros(100)[10:])
+    assert hostreg.stats().registrations == 0
+    del early
+    gc.collect()
+    ht.pin_(base)  # alone now
+    late = base[10:]  # views made after share the pinned storage, which cannot be resized
+    with pytest.raises(RuntimeError):
+        late.untyped_storage().resize_(0)
+    assert ht.is_pinned_by_hostreg(late)
+    ht.unpin_(base)
+
+
+def test_a_collection_inside_pin_that_frees_another_pinned_tensor_does_not_deadlock():
+    # The garbage collector may run inside pin_ (any allocation) and free a pinned tensor held
+    # only by a reference cycle: its release unregisters on the same thread, mid-pin_.
+    import threading
+
+    def run() -> None:
+        for _ in range(200):
+            cycle: list = [torch.zeros(256)]
+            cycle.append(cycle)
+            ht.pin_(cycle[0])
+            del cycle
+
+    worker = threading.Thread(target=run, daemon=True)
+    old = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)  # collect at nearly every allocation
+    try:
+        worker.start()
+        worker.join(timeout=60)
+    finally:
+        gc.set_threshold(*old)
+    assert not worker.is_alive(), "pin_ deadlocked against a collection freeing a pinned tensor"
+    gc.collect()
+    assert hostreg.stats().registrations == 0
+
+
+INTERRUPTED = r"""
+import sys, gc, torch, hostreg, hostreg.torch as ht
+from hostreg.torch import _pin
+lines = [int(x) for x in sys.argv[1:]]
+code = _pin.pin_.__code__
+for target in lines:
+    def tracer(frame, event, arg, target=target):
+        if frame.f_code is code and event == "line" and frame.f_lineno == target:
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return tracer
+    t = torch.zeros(1 << 12)
+    sys.settrace(lambda f, e, a: tracer if f.f_code is code else None)
+    try:
+        ht.pin_(t)
+    except KeyboardInterrupt:
+        pass
+    sys.settrace(None)
+    del t
+    gc.collect()
+    if hostreg.stats().registrations:
+        print("LEFT", target, hostreg.registrations()); sys.exit(1)
+print("OK", len(lines))
+"""
+
+
+def test_an_interrupt_at_any_line_of_pin_leaves_nothing_registered():
+    import inspect
+
+    from hostreg.torch import _pin
+
+    lines, first = inspect.getsourcelines(_pin.pin_)
+    numbers = [first + i for i, text in enumerate(lines) if text.strip() and not text.strip().startswith(("#", '"'))]
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED, *map(str, numbers)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("OK"), r.stdout + r.stderr[-3000:]
 
 
 def test_pin_of_an_empty_tensor_locks_nothing():

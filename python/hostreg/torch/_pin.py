@@ -9,15 +9,24 @@ How the registration's life follows the storage's: :func:`pin_` registers the wh
 then gives the tensor a storage over the same bytes whose last user's release unregisters
 them *first* and only then lets the original storage go (its memory may be freed and reused
 at once after that, and must not still be registered: a stale registration would answer 712
-to whoever pins the reused memory next). Views of the tensor made after :func:`pin_` share
-that storage; views made before keep the original one (same bytes, pinned while the pinned
-storage lives).
+to whoever pins the reused memory next). That storage cannot be resized or moved, so its
+memory cannot go while it is registered. Views of the tensor made after :func:`pin_` share it.
+
+What :func:`pin_` refuses, because it could not keep that promise: a storage that other
+tensors or storages use too (views made before, ``p.data``): any of them could free or move
+the memory (``untyped_storage().resize_(0)``, ``share_memory_()``) under the registration, so
+pin the tensor before making views of it. A shared storage (``share_memory_()``,
+``from_file(shared=True)``) is pinned with a ``RuntimeWarning``: its bytes stay shared with
+what maps them already, but the pinned storage is not torch's shared one, so sending the
+tensor through ``torch.multiprocessing`` again copies it into new shared memory, away from
+the processes that have it. hostreg's staging arenas are shared and registered at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 import weakref
 from typing import Iterator
 
@@ -45,21 +54,23 @@ class _Pin:
     def __init__(self, ptr: int, nbytes: int, original: torch.UntypedStorage) -> None:
         self.ptr, self.nbytes, self.original = ptr, nbytes, original
         self._lock = threading.Lock()
-        self._live = True
+        self.live = False  # registered by this pin and not yet unregistered
 
     def unregister(self) -> cudaError:
+        """Undo the registration (once). The C call comes before the mark: an interrupt between
+        them leaves the pin marked live, and its release answers 713 then, harmlessly; the other
+        order could leave the memory registered for good."""
         with self._lock:
-            if not self._live:
+            if not self.live:
                 return cudaError.success
-            self._live = False
-            with _pins_lock:
-                if _pins.get(self.ptr) is self:
-                    del _pins[self.ptr]
-        return _core.host_unregister(self.ptr)
+            code = cudaError(_hostreg.host_unregister(self.ptr))
+            self.live = False
+        return code
 
     def __del__(self) -> None:
         # The last tensor over the pinned storage is gone (the DLPack view's deleter dropped
         # this object): unregister, then the original storage (and maybe its memory) goes.
+        # No module lock is taken here: a collection inside pin_ may run this on its thread.
         try:
             self.unregister()
         except Exception:  # noqa: BLE001 -- at interpreter exit the modules may be gone
@@ -84,7 +95,10 @@ def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch
     and :class:`PinError` when the backend refuses: 712 if any byte of the storage is
     registered already (by an earlier :func:`pin_`, a staging arena, the drop-in), 2 when the
     memory cannot be locked (``RLIMIT_MEMLOCK``; the message says), 801 for flags the backend
-    cannot honour.
+    cannot honour; ``ValueError`` for a storage other tensors use too (pin before making views);
+    a ``RuntimeWarning`` for a shared one (see the module docstring). ``pin_`` replaces the tensor's storage
+    (``set_``): for autograd it is an in-place change, so pin before a graph that saves the
+    tensor is recorded.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"pin_ takes a torch.Tensor, not {type(tensor).__name__}")
@@ -101,20 +115,60 @@ def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch
     ptr, nbytes = original.data_ptr(), original.nbytes()
     if nbytes == 0:
         return tensor
-    code = _core.host_register(ptr, nbytes, flags)
-    if code != cudaError.success:
+    if _hostreg.registration(ptr) is not None:  # CUDA's answer, without a call that could half-succeed
+        code = cudaError(_hostreg.host_register(ptr, nbytes, int(flags)))
         raise PinError(f"pin_: cudaHostRegister of {nbytes:,} bytes at {ptr:#x} failed: {code}: {_core.last_error().message}", code)
+    if original.is_shared():
+        warnings.warn(
+            "pin_ of a shared storage (share_memory_(), from_file(shared=True)): its bytes stay shared with what "
+            "maps them already, but the pinned storage is not torch's shared one, so sending the tensor to "
+            "another process through torch.multiprocessing copies it (hostreg.torch's arenas are shared and "
+            "registered at once)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    if tensor._base is not None:  # a view keeps its base, a second tensor over the storage
+        raise ValueError(
+            "pin_ takes the base of a view, not the view (its base holds the same storage and could free or move "
+            "it): pin_(t._base) pins the whole storage, which views made from it share"
+        )
+    users = _storage_users(original)
+    if users > 2:  # the tensor and `original` itself
+        raise ValueError(
+            f"pin_: the storage at {ptr:#x} is used by {users - 2} other tensor(s) or storage(s) (views made "
+            "before pin_, p.data): any of them could free or move the memory under the registration; pin the "
+            "tensor before making views of it (views made after pin_ share its pinned storage)"
+        )
     pin = _Pin(ptr, nbytes, original)
     try:
+        code = cudaError(_hostreg.host_register(ptr, nbytes, int(flags)))
+        if code != cudaError.success:
+            raise PinError(f"pin_: cudaHostRegister of {nbytes:,} bytes at {ptr:#x} failed: {code}: {_core.last_error().message}", code)
+        pin.live = True
         view = torch.from_dlpack(_hostreg.view_of(pin, ptr, nbytes)).untyped_storage()
         with _pins_lock:
             _pins[ptr] = pin
         with torch.no_grad():  # set_ on a leaf that requires grad is refused otherwise
             tensor.set_(view, tensor.storage_offset(), tensor.shape, tensor.stride())
     except BaseException:
+        # Also for an interrupt that landed after the registration but before `live` was set:
+        # nothing was registered at ptr before (checked above), so one there now is this call's.
+        reg = _hostreg.registration(ptr)
+        if reg is not None and (reg.base, reg.nbytes) == (ptr, nbytes):
+            pin.live = True
         pin.unregister()
+        with _pins_lock:
+            if _pins.get(ptr) is pin:
+                del _pins[ptr]
         raise
     return tensor
+
+
+def _storage_users(storage: torch.UntypedStorage) -> int:
+    """How many tensors and storage objects hold ``storage`` (torch's own count; 2 for one tensor
+    and the storage object asked about). 2 where this torch cannot say."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return int(count(storage._cdata)) if count is not None else 2
 
 
 def unpin_(tensor: torch.Tensor) -> torch.Tensor:
@@ -136,6 +190,9 @@ def unpin_(tensor: torch.Tensor) -> torch.Tensor:
         raise PinError(f"unpin_: the storage at {storage.data_ptr():#x} was not pinned by pin_ (or was unpinned)",
                        cudaError.cudaErrorHostMemoryNotRegistered)
     code = pin.unregister()
+    with _pins_lock:
+        if _pins.get(storage.data_ptr()) is pin:
+            del _pins[storage.data_ptr()]
     if code != cudaError.success:
         raise PinError(f"unpin_: cudaHostUnregister failed: {code}: {_core.last_error().message}", code)
     return tensor
