@@ -209,13 +209,32 @@ struct BytesView {
     DLManagedTensor managed;
     int64_t shape[1];
     PyObject* owner;
+    bool unregister = false;  // pinned_view: undo the owner's registration first (owner.live)
 };
+
+// The owner's registration of the view's bytes, undone here in C when owner.live is true: a
+// Python finalizer could be interrupted (a KeyboardInterrupt raised at its first line is
+// ignored there) and leave freed memory registered. Called with the GIL.
+void unregister_owned(BytesView* v) {
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);  // the caller's exception in flight (an interrupt) stays its own
+    PyObject* live = PyObject_GetAttrString(v->owner, "live");
+    const int on = live ? PyObject_IsTrue(live) : 0;
+    Py_XDECREF(live);
+    if (on == 1) {
+        hostregHostUnregister(v->managed.dl_tensor.data);
+        PyObject_SetAttrString(v->owner, "live", Py_False);
+    }
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(v->owner);
+    PyErr_Restore(type, value, trace);
+}
 
 void drop_view(DLManagedTensor* m) {
     auto* v = static_cast<BytesView*>(m->manager_ctx);
     // Any thread may free the last tensor; at interpreter exit the owner is left to the OS.
     if (interpreter_running()) {
         PyGILState_STATE g = PyGILState_Ensure();
+        if (v->unregister) unregister_owned(v);
         Py_DECREF(v->owner);
         PyGILState_Release(g);
     }
@@ -261,9 +280,12 @@ nb::object staging_buffer_of(uintptr_t ptr, size_t nbytes) {
     return nb::borrow(obj);
 }
 
-// A DLPack capsule of nbytes uint8 at ptr whose tensors keep owner (any object) alive.
-nb::object view_of(nb::handle owner, uintptr_t ptr, size_t nbytes) {
+// A DLPack capsule of nbytes uint8 at ptr whose tensors keep owner (any object) alive; with
+// unregister, the release of the last of them first undoes the registration at ptr when
+// owner.live is true (see unregister_owned).
+nb::object view_of(nb::handle owner, uintptr_t ptr, size_t nbytes, bool unregister = false) {
     auto* v = new BytesView{};
+    v->unregister = unregister;
     v->shape[0] = static_cast<int64_t>(nbytes);
     v->owner = owner.ptr();
     Py_INCREF(v->owner);
@@ -511,9 +533,10 @@ NB_MODULE(_hostreg, m) {
     m.def("bytes_view", &bytes_view, nb::arg("owner"), nb::arg("ptr"), nb::arg("nbytes"),
           "A DLPack capsule of nbytes uint8 at ptr (for torch.from_dlpack) that keeps owner alive while any "
           "tensor made from it lives.");
-    m.def("view_of", &view_of, nb::arg("owner"), nb::arg("ptr"), nb::arg("nbytes"),
+    m.def("view_of", &view_of, nb::arg("owner"), nb::arg("ptr"), nb::arg("nbytes"), nb::arg("unregister") = false,
           "bytes_view for memory any owner object vouches for (the caller: it must stay valid while owner "
-          "lives); owner is released when the last tensor made from the capsule is freed.");
+          "lives); owner is released when the last tensor made from the capsule is freed. unregister: first "
+          "undo the registration at ptr there, in C, when owner.live is true (and set it false).");
     m.def(
         "shared_memory_directory",
         []() {

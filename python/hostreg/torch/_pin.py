@@ -9,13 +9,14 @@ How the registration's life follows the storage's: :func:`pin_` registers the wh
 then gives the tensor a storage over the same bytes whose last user's release unregisters
 them *first* and only then lets the original storage go (its memory may be freed and reused
 at once after that, and must not still be registered: a stale registration would answer 712
-to whoever pins the reused memory next). That storage cannot be resized or moved, so its
-memory cannot go while it is registered. Views of the tensor made after :func:`pin_` share it.
+to whoever pins the reused memory next). That storage cannot be resized, so its memory
+cannot go while it is registered. Views of the tensor made after :func:`pin_` share it.
 
 What :func:`pin_` refuses, because it could not keep that promise: a storage that other
-tensors or storages use too (views made before, ``p.data``): any of them could free or move
-the memory (``untyped_storage().resize_(0)``, ``share_memory_()``) under the registration, so
-pin the tensor before making views of it. A shared storage (``share_memory_()``,
+tensors or storages use too (views made before, ``p.data``, a storage object kept from
+``t.untyped_storage()``): any of them could free or move the memory
+(``untyped_storage().resize_(0)``, ``share_memory_()``) under the registration, so pin the
+tensor before making views of it. A shared storage (``share_memory_()``,
 ``from_file(shared=True)``) is pinned with a ``RuntimeWarning``: its bytes stay shared with
 what maps them already, but the pinned storage is not torch's shared one, so sending the
 tensor through ``torch.multiprocessing`` again copies it into new shared memory, away from
@@ -25,6 +26,7 @@ the processes that have it. hostreg's staging arenas are shared and registered a
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import warnings
 import weakref
@@ -67,20 +69,34 @@ class _Pin:
             self.live = False
         return code
 
-    def __del__(self) -> None:
-        # The last tensor over the pinned storage is gone (the DLPack view's deleter dropped
-        # this object): unregister, then the original storage (and maybe its memory) goes.
-        # No module lock is taken here: a collection inside pin_ may run this on its thread.
-        try:
-            self.unregister()
-        except Exception:  # noqa: BLE001 -- at interpreter exit the modules may be gone
-            pass
+    # When the last tensor over the pinned storage is freed, the DLPack view's deleter (in C,
+    # where no interrupt can land) undoes the registration if `live`, then drops this object,
+    # and with it the original storage and maybe its memory: _hostreg.view_of(unregister=True).
 
 
-# Storage address -> its pin, while pinned. Weak: the pinned storage's tensors alone keep a pin
-# alive (through the DLPack view's owner reference), so that their release unregisters.
-_pins: weakref.WeakValueDictionary[int, _Pin] = weakref.WeakValueDictionary()
-_pins_lock = threading.Lock()
+# Storage address -> a weak reference to its pin, while pinned: the pinned storage's tensors
+# alone keep a pin alive. Plain dict operations (atomic under the GIL), no lock: a collection
+# inside pin_ may free another pin on the same thread, and an interrupt cannot leave a lock held.
+_pins: dict[int, weakref.ref[_Pin]] = {}
+
+
+def _index(ptr: int, pin: _Pin) -> None:
+    def forget(ref: weakref.ref[_Pin], ptr: int = ptr) -> None:
+        if _pins.get(ptr) is ref:
+            _pins.pop(ptr, None)
+
+    _pins[ptr] = weakref.ref(pin, forget)
+
+
+def _lookup(ptr: int) -> _Pin | None:
+    ref = _pins.get(ptr)
+    return ref() if ref is not None else None
+
+
+def _forget(ptr: int, pin: _Pin) -> None:
+    ref = _pins.get(ptr)
+    if ref is not None and ref() is pin:
+        _pins.pop(ptr, None)
 
 
 def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch.Tensor:
@@ -132,6 +148,11 @@ def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch
             "pin_ takes the base of a view, not the view (its base holds the same storage and could free or move "
             "it): pin_(t._base) pins the whole storage, which views made from it share"
         )
+    if sys.getrefcount(original) > 3:  # this frame's name, the call's argument, the tensor's own cached object
+        raise ValueError(
+            f"pin_: a storage object of this tensor is held elsewhere (s = t.untyped_storage(), t.storage()): "
+            "resize_ on it would free the memory under the registration; drop it before pin_"
+        )
     users = _storage_users(original)
     if users > 2:  # the tensor and `original` itself
         raise ValueError(
@@ -145,9 +166,8 @@ def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch
         if code != cudaError.success:
             raise PinError(f"pin_: cudaHostRegister of {nbytes:,} bytes at {ptr:#x} failed: {code}: {_core.last_error().message}", code)
         pin.live = True
-        view = torch.from_dlpack(_hostreg.view_of(pin, ptr, nbytes)).untyped_storage()
-        with _pins_lock:
-            _pins[ptr] = pin
+        view = torch.from_dlpack(_hostreg.view_of(pin, ptr, nbytes, unregister=True)).untyped_storage()
+        _index(ptr, pin)
         with torch.no_grad():  # set_ on a leaf that requires grad is refused otherwise
             tensor.set_(view, tensor.storage_offset(), tensor.shape, tensor.stride())
     except BaseException:
@@ -157,9 +177,7 @@ def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch
         if reg is not None and (reg.base, reg.nbytes) == (ptr, nbytes):
             pin.live = True
         pin.unregister()
-        with _pins_lock:
-            if _pins.get(ptr) is pin:
-                del _pins[ptr]
+        _forget(ptr, pin)
         raise
     return tensor
 
@@ -182,17 +200,14 @@ def unpin_(tensor: torch.Tensor) -> torch.Tensor:
         raise PinError(f"unpin_: this tensor ({tensor.device}, {tensor.layout}) was not pinned by pin_",
                        cudaError.cudaErrorHostMemoryNotRegistered)
     storage = tensor.untyped_storage()
-    with _pins_lock:
-        pin = _pins.get(storage.data_ptr())
+    pin = _lookup(storage.data_ptr())
     if pin is None or storage.nbytes() == 0:
         if storage.nbytes() == 0:
             return tensor  # pin_ locked nothing
         raise PinError(f"unpin_: the storage at {storage.data_ptr():#x} was not pinned by pin_ (or was unpinned)",
                        cudaError.cudaErrorHostMemoryNotRegistered)
     code = pin.unregister()
-    with _pins_lock:
-        if _pins.get(storage.data_ptr()) is pin:
-            del _pins[storage.data_ptr()]
+    _forget(storage.data_ptr(), pin)
     if code != cudaError.success:
         raise PinError(f"unpin_: cudaHostUnregister failed: {code}: {_core.last_error().message}", code)
     return tensor
@@ -202,7 +217,8 @@ def unpin_(tensor: torch.Tensor) -> torch.Tensor:
 def pinned(*tensors: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> Iterator[tuple[torch.Tensor, ...]]:
     """``with pinned(a, b): ...``: :func:`pin_` each tensor for the block, :func:`unpin_` them
     on leaving (also on an exception). When one cannot be pinned, the ones pinned before it
-    are unpinned and the error is raised. Tensors sharing one storage are pinned once."""
+    are unpinned and the error is raised. A tensor given twice is pinned once; views of one
+    another are refused, as :func:`pin_` refuses them."""
     done: list[torch.Tensor] = []
     seen: set[int] = set()
     try:
