@@ -155,26 +155,34 @@ def test_pin_refuses_storages_others_could_free_or_move_under_it():
 
 
 def test_a_collection_inside_pin_that_frees_another_pinned_tensor_does_not_deadlock():
-    # The garbage collector may run inside pin_ (any allocation) and free a pinned tensor held
-    # only by a reference cycle: its release unregisters on the same thread, mid-pin_.
+    # The garbage collector may run inside pin_ (at any allocation) and free another pinned
+    # tensor there, on the same thread: here every collection frees one (a gc callback), and
+    # collections come at nearly every allocation.
     import threading
 
+    victims = [ht.pin_(torch.zeros(256)) for _ in range(400)]
+
+    def free_one(phase: str, info: dict) -> None:
+        if phase == "start" and victims:
+            victims.pop()
+
     def run() -> None:
-        for _ in range(200):
-            cycle: list = [torch.zeros(256)]
-            cycle.append(cycle)
-            ht.pin_(cycle[0])
-            del cycle
+        for _ in range(100):
+            ht.pin_(torch.zeros(256))
 
     worker = threading.Thread(target=run, daemon=True)
     old = gc.get_threshold()
-    gc.set_threshold(1, 1, 1)  # collect at nearly every allocation
+    gc.callbacks.append(free_one)
+    gc.set_threshold(1, 1, 1)
     try:
         worker.start()
         worker.join(timeout=60)
     finally:
         gc.set_threshold(*old)
+        gc.callbacks.remove(free_one)
     assert not worker.is_alive(), "pin_ deadlocked against a collection freeing a pinned tensor"
+    assert len(victims) < 400, "no collection freed a pinned tensor: this run proved nothing"
+    victims.clear()
     gc.collect()
     assert hostreg.stats().registrations == 0
 
