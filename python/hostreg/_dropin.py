@@ -37,6 +37,17 @@ _original_is_pinned: Callable[..., bool] | None = None  # torch.Tensor.is_pinned
 _is_pinned_wrapper: Callable[..., bool] | None = None  # what install() put there
 
 
+def registered_by_hostreg(tensor: Any) -> bool:
+    """Whether a CPU tensor's first byte lies in a live hostreg registration."""
+    if not tensor.is_cpu:
+        return False
+    try:
+        ptr = tensor.data_ptr()
+    except RuntimeError:  # no storage (sparse, ...)
+        return False
+    return bool(ptr) and _hostreg.is_registered(ptr)
+
+
 def _wrap_is_pinned(original: Callable[..., bool]) -> Callable[..., bool]:
     """``Tensor.is_pinned`` that answers True for a CPU tensor whose first byte lies in a live
     hostreg registration (the drop-in's ``cudaHostRegister``, a staging arena, ``pin_``), as
@@ -46,14 +57,7 @@ def _wrap_is_pinned(original: Callable[..., bool]) -> Callable[..., bool]:
 
     @functools.wraps(original)
     def is_pinned(self: Any, *args: Any, **kwargs: Any) -> bool:
-        if self.is_cpu:
-            try:
-                ptr = self.data_ptr()
-            except RuntimeError:  # no storage (sparse, ...)
-                ptr = 0
-            if ptr and _hostreg.is_registered(ptr):
-                return True
-        return original(self, *args, **kwargs)
+        return registered_by_hostreg(self) or original(self, *args, **kwargs)
 
     is_pinned.__hostreg_original__ = original  # type: ignore[attr-defined]
     return is_pinned

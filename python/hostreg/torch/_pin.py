@@ -36,6 +36,7 @@ import torch
 
 from .. import _core, _hostreg
 from .._core import HostRegisterFlags
+from .._dropin import registered_by_hostreg
 from .._errors import HostregError, cudaError
 
 
@@ -200,10 +201,10 @@ def unpin_(tensor: torch.Tensor) -> torch.Tensor:
         raise PinError(f"unpin_: this tensor ({tensor.device}, {tensor.layout}) was not pinned by pin_",
                        cudaError.cudaErrorHostMemoryNotRegistered)
     storage = tensor.untyped_storage()
+    if storage.nbytes() == 0:
+        return tensor  # pin_ locked nothing
     pin = _lookup(storage.data_ptr())
-    if pin is None or storage.nbytes() == 0:
-        if storage.nbytes() == 0:
-            return tensor  # pin_ locked nothing
+    if pin is None:
         raise PinError(f"unpin_: the storage at {storage.data_ptr():#x} was not pinned by pin_ (or was unpinned)",
                        cudaError.cudaErrorHostMemoryNotRegistered)
     code = pin.unregister()
@@ -220,15 +221,12 @@ def pinned(*tensors: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> I
     are unpinned and the error is raised. A tensor given twice is pinned once; views of one
     another are refused, as :func:`pin_` refuses them."""
     done: list[torch.Tensor] = []
-    seen: set[int] = set()
     try:
         for t in tensors:
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.untyped_storage().data_ptr() in seen:
+            if any(t is d for d in done):
                 continue
             pin_(t, flags)
             done.append(t)
-            if t.untyped_storage().nbytes():
-                seen.add(t.untyped_storage().data_ptr())
         yield tensors
     finally:
         for t in reversed(done):
@@ -239,10 +237,4 @@ def pinned(*tensors: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> I
 def is_pinned_by_hostreg(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s first byte lies in a live hostreg registration (``pin_``, a
     staging arena, the drop-in's ``cudaHostRegister``). About 0.2 us."""
-    if not tensor.is_cpu:
-        return False
-    try:
-        ptr = tensor.data_ptr()
-    except RuntimeError:  # no storage (sparse, ...)
-        return False
-    return bool(ptr) and _hostreg.is_registered(ptr)
+    return registered_by_hostreg(tensor)
