@@ -112,10 +112,10 @@ def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch
     and :class:`PinError` when the backend refuses: 712 if any byte of the storage is
     registered already (by an earlier :func:`pin_`, a staging arena, the drop-in), 2 when the
     memory cannot be locked (``RLIMIT_MEMLOCK``; the message says), 801 for flags the backend
-    cannot honour; ``ValueError`` for a storage other tensors use too (pin before making views);
-    a ``RuntimeWarning`` for a shared one (see the module docstring). ``pin_`` replaces the tensor's storage
-    (``set_``): for autograd it is an in-place change, so pin before a graph that saves the
-    tensor is recorded.
+    cannot honour; ``ValueError`` for a view, a storage other tensors use too, or a storage
+    object held elsewhere (pin before making views); a ``RuntimeWarning`` for a shared storage
+    (see the module docstring). ``pin_`` replaces the tensor's storage (``set_``): for autograd
+    it is an in-place change, so pin before a graph that saves the tensor is recorded.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"pin_ takes a torch.Tensor, not {type(tensor).__name__}")

@@ -91,9 +91,9 @@ def copy_state_dict(src: Any, dst: Any, threads: int = 0) -> Any:
     ``dst`` has the structure of ``src`` (from :func:`create_cpu_state_dict`). Tensors are
     matched by key (like PyTorch's ``_copy_state_dict``). When the sources share storages as
     the destinations do and have their dtypes, shapes and strides, the copy is one memcpy per
-    staged storage, all in one parallel batch (``threads`` threads, 0 = one per CPU this thread may run on) with the GIL
-    released; from an accelerator, one non-blocking copy per storage, synchronised before
-    returning. Otherwise tensor by tensor (``Tensor.copy_``). Copying into the same staged dict
+    staged storage, all in one parallel batch (``threads`` threads; 0: one per CPU this thread
+    may run on) with the GIL released; from an accelerator, one non-blocking copy per storage,
+    synchronised before returning. Otherwise tensor by tensor (``Tensor.copy_``). Copying into the same staged dict
     again reuses what the first copy worked out.
 
     Raises ``ValueError`` when the keys or a tensor's shape differ, when a source overlaps a
