@@ -48,10 +48,19 @@ bool fire(Fault& f) {
     return true;
 }
 
+// The real function, looked up on first use. Its slot is a constant-initialised static, not a
+// function-local `static auto next = dlsym(...)`: the guard of such a static may itself call
+// syscall(SYS_futex) (LLVM's libc++abi does), which would land in the interposer below while
+// it holds that guard.
 template <class F>
-F real(const char* name) {
+F real(std::atomic<void*>& slot, const char* name) {
     static_assert(sizeof(F) == sizeof(void*));
-    return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+    void* p = slot.load(std::memory_order_acquire);
+    if (p == nullptr) {
+        p = dlsym(RTLD_NEXT, name);
+        slot.store(p, std::memory_order_release);
+    }
+    return reinterpret_cast<F>(p);
 }
 
 }  // namespace
@@ -59,13 +68,15 @@ F real(const char* name) {
 extern "C" {
 
 int pthread_create(pthread_t* t, const pthread_attr_t* a, void* (*fn)(void*), void* arg) {
-    static auto next = real<int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*)>("pthread_create");
+    static std::atomic<void*> slot{nullptr};
+    auto next = real<int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*)>(slot, "pthread_create");
     if (fire(f_thread)) return f_thread.err;  // as RLIMIT_NPROC or a pids limit answer: EAGAIN
     return next(t, a, fn, arg);
 }
 
 int madvise(void* addr, size_t len, int advice) {
-    static auto next = real<int (*)(void*, size_t, int)>("madvise");
+    static std::atomic<void*> slot{nullptr};
+    auto next = real<int (*)(void*, size_t, int)>(slot, "madvise");
     if (advice == MADV_POPULATE_WRITE && fire(f_madvise)) {
         errno = f_madvise.err;
         return -1;
@@ -74,7 +85,8 @@ int madvise(void* addr, size_t len, int advice) {
 }
 
 int open(const char* path, int flags, ...) {
-    static auto next = real<int (*)(const char*, int, ...)>("open");
+    static std::atomic<void*> slot{nullptr};
+    auto next = real<int (*)(const char*, int, ...)>(slot, "open");
     mode_t mode = 0;
     if (flags & (O_CREAT | __O_TMPFILE)) {
         va_list ap;
@@ -90,7 +102,8 @@ int open(const char* path, int flags, ...) {
 }
 
 int ftruncate(int fd, off_t len) {
-    static auto next = real<int (*)(int, off_t)>("ftruncate");
+    static std::atomic<void*> slot{nullptr};
+    auto next = real<int (*)(int, off_t)>(slot, "ftruncate");
     if (fire(f_ftruncate)) {
         errno = f_ftruncate.err;
         return -1;
@@ -99,7 +112,8 @@ int ftruncate(int fd, off_t len) {
 }
 
 long syscall(long number, ...) {
-    static auto next = real<long (*)(long, ...)>("syscall");
+    static std::atomic<void*> slot{nullptr};
+    auto next = real<long (*)(long, ...)>(slot, "syscall");
     va_list ap;
     va_start(ap, number);
     long a[6];

@@ -1,0 +1,107 @@
+"""An installed hostreg, checked end to end by the Python that runs this file (any
+architecture: scripts/test-wheels runs it with .venv's Python on x86_64 and with Debian's
+aarch64 Python under qemu-user). Prints one JSON line; exits 1 at the first failure.
+
+    python wheel_smoke.py [torch-first|hostreg-first] [SCRATCH_DIR]
+
+- the import order given (torch, then hostreg, or the other way round): the wheels link
+  LLVM's libc++ statically and hide it, so either order must work in one process;
+- cudaHostRegister / cudaHostUnregister of an mmap: VmLck (/proc/self/status) rises by the
+  size and falls back, a second registration answers cudaErrorHostMemoryAlreadyRegistered;
+- where torch imports: a state dict staged by create_cpu_state_dict + copy_state_dict and by
+  a Stager (equal values, the bytes locked while staged), saved by hostreg's FileSystemWriter
+  with dcp.save and read back by dcp.load with torch's own FileSystemReader, bit-exact.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import mmap
+import os
+import platform
+import sys
+import tempfile
+
+
+def vmlck_kib() -> int:
+    """The process's locked memory, KiB (the kernel's own count)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmLck:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmLck in /proc/self/status")
+
+
+def check(cond: bool, what: str) -> None:
+    if not cond:
+        print(f"wheel_smoke: FAILED: {what}", file=sys.stderr)
+        sys.exit(1)
+
+
+def main() -> None:
+    os.environ.setdefault("HOSTREG_LOG_LEVEL", "off")  # the 712 below is expected: no stderr line for it
+    order = sys.argv[1] if len(sys.argv) > 1 else "hostreg-first"
+    scratch = sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix="hostreg-smoke-")
+    names = ["torch", "hostreg"] if order == "torch-first" else ["hostreg", "torch"]
+    mods = {}
+    for name in names:
+        try:
+            mods[name] = importlib.import_module(name)
+        except ImportError as e:
+            check(name == "torch", f"import {name}: {e}")
+    import hostreg
+
+    out: dict = {"machine": platform.machine(), "order": order, "hostreg": hostreg.__version__,
+                 "from": os.path.dirname(hostreg.__file__), "backend": hostreg.backend()}
+
+    # Registration, proven by the kernel's count.
+    size = 4 << 20
+    region = mmap.mmap(-1, size)
+    import ctypes
+
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    rt = hostreg.cudart()
+    before = vmlck_kib()
+    check(int(rt.cudaHostRegister(addr, size, 0)) == 0, "cudaHostRegister of an mmap")
+    locked = vmlck_kib() - before
+    again = rt.cudaHostRegister(addr, size, 0)
+    check(rt.cudaGetErrorName(int(again)) == "cudaErrorHostMemoryAlreadyRegistered", f"a second registration gave {again}")
+    check(int(rt.cudaHostUnregister(addr)) == 0, "cudaHostUnregister")
+    check(vmlck_kib() == before, "VmLck back after cudaHostUnregister")
+    check(locked == size >> 10, f"VmLck rose by {locked} KiB, not {size >> 10}")
+    out["register_vmlck_kib"] = locked
+
+    torch = mods.get("torch")
+    if torch is not None:
+        import torch.distributed.checkpoint as dcp
+
+        import hostreg.torch as ht
+
+        out["torch"] = torch.__version__
+        g = torch.Generator().manual_seed(0)
+        sd = {"w": torch.randn(512, 256, generator=g), "b": torch.arange(1000, dtype=torch.int64),
+              "nested": {"h": torch.randn(3, 5, generator=g).to(torch.bfloat16)}, "step": 7}
+        before = vmlck_kib()
+        staged = ht.create_cpu_state_dict(sd, pin_memory=True)
+        ht.copy_state_dict(sd, staged)
+        check(torch.equal(staged["w"], sd["w"]) and torch.equal(staged["nested"]["h"], sd["nested"]["h"]), "copy_state_dict values")
+        check(vmlck_kib() - before >= (512 * 256 * 4) >> 10, "staged bytes locked")
+        with ht.Stager() as stager:
+            again_sd = stager.stage(sd)
+            check(torch.equal(again_sd["b"], sd["b"]) and again_sd["step"] == 7, "Stager.stage values")
+            ckpt = os.path.join(scratch, f"ckpt-{order}")
+            dcp.save(again_sd, storage_writer=ht.FileSystemWriter(ckpt))
+            del again_sd
+        back = {"w": torch.zeros(512, 256), "b": torch.zeros(1000, dtype=torch.int64),
+                "nested": {"h": torch.zeros(3, 5, dtype=torch.bfloat16)}, "step": 0}
+        dcp.load(back, storage_reader=dcp.FileSystemReader(ckpt))
+        check(all(torch.equal(back[k], sd[k]) for k in ("w", "b")) and torch.equal(back["nested"]["h"], sd["nested"]["h"]),
+              "dcp.load of hostreg's checkpoint, bit-exact")
+        del staged
+        out["staged_and_saved"] = True
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
