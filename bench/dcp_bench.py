@@ -44,9 +44,10 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,7 +59,7 @@ from torch.distributed.checkpoint import state_dict_saver
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 import hostreg.torch as ht
-from hostreg.cli.models import MODELS, GPT
+from hostreg.cli.models import GPT, MODELS
 
 MiB = 1 << 20
 STAGERS = ["hostreg sync", "hostreg async", "DCP pinned sync", "DCP async"]
@@ -151,7 +152,9 @@ def make_stager(name: str) -> Any:
 
 def one_save(sd: Any, stager: Any, path: str, checkpointer: Any, pg: Any) -> tuple[float, float, float]:
     t0 = time.perf_counter()
-    res = dcp.async_save(sd, checkpoint_id=path, async_stager=stager, async_checkpointer_type=checkpointer, process_group=pg)
+    res = dcp.async_save(
+        sd, checkpoint_id=path, async_stager=stager, async_checkpointer_type=checkpointer, process_group=pg
+    )
     blocked = time.perf_counter() - t0
     if isinstance(res, state_dict_saver.AsyncSaveResponse):
         res.staging_completion.result()
@@ -165,8 +168,9 @@ def one_save(sd: Any, stager: Any, path: str, checkpointer: Any, pg: Any) -> tup
 
 def rank_main(rank: int, world: int, port: int, case: dict, opts: dict, out: str) -> None:
     warnings.filterwarnings("ignore")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=1800))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=1800)
+    )
     pg = dist.new_group(backend="gloo")  # saves' collectives apart from the default group's
     if case["kind"] == "fsdp":
         sd = fsdp_state_dict(case["model"], world)
@@ -177,15 +181,16 @@ def rank_main(rank: int, world: int, port: int, case: dict, opts: dict, out: str
     kinds = {name: getattr(state_dict_saver.AsyncCheckpointerType, name.upper()) for name in opts["checkpointers"]}
     if "process" in kinds:  # start the background process before anything is timed
         warm_dir = f"{root}/warmup"
-        dcp.async_save({"x": torch.ones(1)}, checkpoint_id=warm_dir, async_checkpointer_type=kinds["process"],
-                       process_group=pg).result()
+        dcp.async_save(
+            {"x": torch.ones(1)}, checkpoint_id=warm_dir, async_checkpointer_type=kinds["process"], process_group=pg
+        ).result()
     samples: dict[str, list[tuple[float, float, float]]] = {}
     with ascend_state():
         for rep in range(opts["reps"]):
             for ck in opts["checkpointers"]:
                 # A different stager goes first in each repetition: on a VM, the first fresh
                 # memory of a run costs more than memory given back and taken again.
-                order = opts["stagers"][rep % len(opts["stagers"]):] + opts["stagers"][: rep % len(opts["stagers"])]
+                order = opts["stagers"][rep % len(opts["stagers"]) :] + opts["stagers"][: rep % len(opts["stagers"])]
                 for name in order:
                     stager = make_stager(name)
                     for phase in PHASES:
@@ -223,7 +228,9 @@ def free_port() -> int:
 def run_case(case: dict, opts: dict) -> dict:
     with tempfile.TemporaryDirectory(dir=opts["parent"]) as d:
         out = os.path.join(d, "result.json")
-        mp.spawn(rank_main, args=(case["world"], free_port(), case, {**opts, "dir": d}, out), nprocs=case["world"], join=True)
+        mp.spawn(
+            rank_main, args=(case["world"], free_port(), case, {**opts, "dir": d}, out), nprocs=case["world"], join=True
+        )
         with open(out) as f:
             return json.load(f)
 
@@ -239,35 +246,65 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller state dicts (GPT-2 small, 256 MiB), for a smoke run")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per measurement (median; default 3)")
-    ap.add_argument("--dir", default=None, help="where checkpoints are written (default: a temporary directory in /tmp)")
+    ap.add_argument(
+        "--dir", default=None, help="where checkpoints are written (default: a temporary directory in /tmp)"
+    )
     ap.add_argument("--json", default=None, help="also write every sample here")
-    ap.add_argument("--cases", default="fsdp,8,8192", help="which state dicts, comma-separated (default: all: fsdp,8,8192)")
+    ap.add_argument(
+        "--cases", default="fsdp,8,8192", help="which state dicts, comma-separated (default: all: fsdp,8,8192)"
+    )
     args = ap.parse_args()
     if args.reps < 1:
         ap.error("--reps must be >= 1")
     size = 256 * MiB if args.quick else 2048 * MiB
     cases = [
-        {"name": f"fsdp-{'gpt2' if args.quick else 'gpt2-medium'} + AdamW, 2 ranks", "kind": "fsdp",
-         "model": "gpt2" if args.quick else "gpt2-medium", "world": 2},
+        {
+            "name": f"fsdp-{'gpt2' if args.quick else 'gpt2-medium'} + AdamW, 2 ranks",
+            "kind": "fsdp",
+            "model": "gpt2" if args.quick else "gpt2-medium",
+            "world": 2,
+        },
         {"name": f"{size // MiB} MiB in 8 tensors", "kind": "plain", "count": 8, "nbytes": size // 8, "world": 1},
-        {"name": f"{size // MiB} MiB in 8,192 tensors", "kind": "plain", "count": 8192, "nbytes": size // 8192, "world": 1},
+        {
+            "name": f"{size // MiB} MiB in 8,192 tensors",
+            "kind": "plain",
+            "count": 8192,
+            "nbytes": size // 8192,
+            "world": 1,
+        },
     ]
     chosen = set(args.cases.split(","))
     if not chosen <= {"fsdp", "8", "8192"}:
         ap.error(f"--cases: unknown {sorted(chosen - {'fsdp', '8', '8192'})}; known: fsdp, 8, 8192")
     cases = [c for c, key in zip(cases, ["fsdp", "8", "8192"]) if key in chosen]
-    opts = {"reps": args.reps, "stagers": STAGERS, "checkpointers": CHECKPOINTERS, "parent": args.dir or tempfile.gettempdir()}
+    opts = {
+        "reps": args.reps,
+        "stagers": STAGERS,
+        "checkpointers": CHECKPOINTERS,
+        "parent": args.dir or tempfile.gettempdir(),
+    }
     console = Console(width=max(Console().width, 140))
-    console.print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; median of {args.reps}; times in seconds "
-                  "(blocked / staged / done, the slowest rank's)")
+    console.print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs; median of {args.reps}; times in seconds "
+        "(blocked / staged / done, the slowest rank's)"
+    )
     results = {}
     for case in cases:
         console.print(f"running {case['name']} ...")
         results[case["name"]] = run_case(case, opts)
 
     table = Table(title="dcp.async_save through each stager")
-    for col in ["state dict", "checkpointer", "stager", "cold blocked", "cold staged", "cold done",
-                "warm blocked", "warm staged", "warm done"]:
+    for col in [
+        "state dict",
+        "checkpointer",
+        "stager",
+        "cold blocked",
+        "cold staged",
+        "cold done",
+        "warm blocked",
+        "warm staged",
+        "warm done",
+    ]:
         table.add_column(col, justify="left" if col in ("state dict", "checkpointer", "stager") else "right")
     for cname, res in results.items():
         s = res["samples"]
@@ -284,27 +321,35 @@ def main() -> int:
 
     targets = Table(title="targets (ratios of medians; <= 1 meets the target)")
     for col in ["state dict", "checkpointer", "phase", "target", "hostreg", "baseline", "ratio", "result"]:
-        targets.add_column(col, justify="left" if col in ("state dict", "checkpointer", "phase", "target", "result") else "right")
+        targets.add_column(
+            col, justify="left" if col in ("state dict", "checkpointer", "phase", "target", "result") else "right"
+        )
     misses = 0
     for cname, res in results.items():
         s = res["samples"]
         for ck in CHECKPOINTERS:
             for phase in PHASES:
+
                 def m(name: str, i: int) -> float:
                     return median(s[f"{ck}|{name}|{phase}"], i)
 
                 checks = [
                     ("async blocks <= DCP async", m("hostreg async", 0), m("DCP async", 0), 1.0),
-                    ("done <= fastest DefaultStager", min(m("hostreg sync", 2), m("hostreg async", 2)),
-                     min(m("DCP pinned sync", 2), m("DCP async", 2)), 1.0),
+                    (
+                        "done <= fastest DefaultStager",
+                        min(m("hostreg sync", 2), m("hostreg async", 2)),
+                        min(m("DCP pinned sync", 2), m("DCP async", 2)),
+                        1.0,
+                    ),
                     ("sync blocks <= 0.6x DCP pinned sync", m("hostreg sync", 0), m("DCP pinned sync", 0), 0.6),
                 ]
                 for what, ours, base, limit in checks:
                     ratio = ours / base if base > 0 else float("inf")
                     ok = ratio <= limit
                     misses += not ok
-                    targets.add_row(cname, ck, phase, what, f"{ours:.4f}", f"{base:.4f}", f"{ratio:.2f}",
-                                    "PASS" if ok else "MISS")
+                    targets.add_row(
+                        cname, ck, phase, what, f"{ours:.4f}", f"{base:.4f}", f"{ratio:.2f}", "PASS" if ok else "MISS"
+                    )
     console.print(targets)
     console.print(f"targets missed: {misses}")
     if args.json:

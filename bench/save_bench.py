@@ -67,6 +67,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from dcp_bench import MiB, free_port, fsdp_state_dict, plain_state_dict, state_bytes  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from torch.distributed.checkpoint import state_dict_saver  # noqa: E402
@@ -75,8 +76,8 @@ from torch.futures import Future  # noqa: E402
 
 import hostreg  # noqa: E402
 import hostreg.torch as ht  # noqa: E402
-from dcp_bench import MiB, free_port, fsdp_state_dict, plain_state_dict, state_bytes  # noqa: E402
 from hostreg.cli.ceiling import fio  # noqa: E402
+
 
 class NoStorage(StorageWriter):
     """A DCP StorageWriter that stores nothing: what dcp.async_save costs on its own (planning,
@@ -165,8 +166,9 @@ def resident_bytes(directory: str) -> int | None:
     without fincore. Unlike Cached, not moved by library pages read back after drop_caches."""
     files = [os.path.join(directory, f) for f in sorted(os.listdir(directory))]
     try:
-        p = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", *files],
-                           capture_output=True, text=True)
+        p = subprocess.run(
+            ["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", *files], capture_output=True, text=True
+        )
     except OSError:
         return None
     if p.returncode != 0:
@@ -206,8 +208,9 @@ def copy_structure(sd: Any) -> Any:
 
     def one(v: Any) -> Any:
         if isinstance(v, DTensor):
-            return DTensor.from_local(v.to_local().clone(), v.device_mesh, v.placements, shape=v.shape,
-                                      stride=v.stride(), run_check=False)
+            return DTensor.from_local(
+                v.to_local().clone(), v.device_mesh, v.placements, shape=v.shape, stride=v.stride(), run_check=False
+            )
         return v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
 
     return tree_map(one, sd)
@@ -216,8 +219,9 @@ def copy_structure(sd: Any) -> Any:
 def verify(src: list[torch.Tensor], dest: list[torch.Tensor], what: str) -> None:
     bad = [i for i, (a, b) in enumerate(zip(src, dest)) if not torch.equal(a, b)]
     if bad or len(src) != len(dest):
-        raise RuntimeError(f"{what}: {len(bad)} of {len(src)} tensors differ from the source after the load "
-                           f"(first: {bad[:5]})")
+        raise RuntimeError(
+            f"{what}: {len(bad)} of {len(src)} tensors differ from the source after the load (first: {bad[:5]})"
+        )
 
 
 # ---- one case ----------------------------------------------------------------------------------
@@ -227,8 +231,10 @@ def one_save(sd: dict[str, Any], stager: Any, path: str, writer: Any, pg: Any = 
     t0 = time.perf_counter()
     res = dcp.async_save(sd, checkpoint_id=path, storage_writer=writer, async_stager=stager, process_group=pg)
     if not isinstance(res, state_dict_saver.AsyncSaveResponse):
-        raise RuntimeError(f"dcp.async_save returned {type(res).__name__}, not an AsyncSaveResponse: "
-                           "this torch does not take a staging future")
+        raise RuntimeError(
+            f"dcp.async_save returned {type(res).__name__}, not an AsyncSaveResponse: "
+            "this torch does not take a staging future"
+        )
     res.staging_completion.result()
     staged = time.perf_counter() - t0
     res.upload_completion.result()
@@ -265,8 +271,9 @@ def tensors_of(sd: Any) -> list[torch.Tensor]:
     return [v.to_local() if hasattr(v, "to_local") else v for v in tree_leaves(sd) if isinstance(v, torch.Tensor)]
 
 
-def measure_saves(sd: Any, dest: Any, reps: int, root: str, host: Host, ranks: Ranks,
-                  console: Console) -> tuple[dict[str, list[dict[str, float]]], dict[str, Any], set[str]]:
+def measure_saves(
+    sd: Any, dest: Any, reps: int, root: str, host: Host, ranks: Ranks, console: Console
+) -> tuple[dict[str, list[dict[str, float]]], dict[str, Any], set[str]]:
     """Every writer's saves and both readers' loads of ``sd`` (loaded into ``dest``, compared
     with ``sd``); returns (samples, I/O stats of the last run, notes)."""
     notes: set[str] = set()
@@ -287,7 +294,7 @@ def measure_saves(sd: Any, dest: Any, reps: int, root: str, host: Host, ranks: R
 
     stager = ht.Stager(async_staging=True)
     try:
-        for name, make in WRITERS:  # warm-up: the arena is made by the first; each writer once
+        for _name, make in WRITERS:  # warm-up: the arena is made by the first; each writer once
             d = os.path.join(root, "warmup")
             fresh(d)
             one_save(sd, stager, d, make(d), ranks.pg)
@@ -298,7 +305,7 @@ def measure_saves(sd: Any, dest: Any, reps: int, root: str, host: Host, ranks: R
             console.print(f"  warm-up saves done ({regs} staging arena(s) registered)")
 
         for rep in range(reps):
-            order = WRITERS[rep % len(WRITERS):] + WRITERS[:rep % len(WRITERS)]  # a different first each rep
+            order = WRITERS[rep % len(WRITERS) :] + WRITERS[: rep % len(WRITERS)]  # a different first each rep
             for name, make in order:
                 d = os.path.join(root, f"ckpt-{rep}")
                 fresh(d)
@@ -315,8 +322,13 @@ def measure_saves(sd: Any, dest: Any, reps: int, root: str, host: Host, ranks: R
                 shm = after.get("Shmem", 0) - before.get("Shmem", 0)
                 if abs(shm) > 0.05 * nbytes:
                     notes.add(f"Shmem changed by {shm / MiB:.0f} MiB during a save (counted in Cached)")
-                add(name, s=done, staged=staged, cache=100.0 * grow / nbytes,
-                    resident=float("nan") if resident is None else 100.0 * resident / nbytes)
+                add(
+                    name,
+                    s=done,
+                    staged=staged,
+                    cache=100.0 * grow / nbytes,
+                    resident=float("nan") if resident is None else 100.0 * resident / nbytes,
+                )
                 st = getattr(writer, "stats", None)
                 if st is not None:
                     extra[name] = dataclasses.asdict(st)
@@ -374,8 +386,10 @@ def idle_note(host: Host, nbytes: int) -> str:
     time.sleep(1.0)
     after = host.meminfo()
     idle = (after["Cached"] + after["Dirty"]) - (before["Cached"] + before["Dirty"])
-    return (f"Cached + Dirty grew by {round(idle / MiB) + 0} MiB ({round(100.0 * idle / nbytes, 1) + 0.0:.1f}% of the bytes) "
-            "over an idle second after drop_caches (other processes, library pages read back): the noise in page cache +%.")
+    return (
+        f"Cached + Dirty grew by {round(idle / MiB) + 0} MiB ({round(100.0 * idle / nbytes, 1) + 0.0:.1f}% of the bytes) "
+        "over an idle second after drop_caches (other processes, library pages read back): the noise in page cache +%."
+    )
 
 
 def fsdp_case(model: str, reps: int, root: str, host: Host, engines: list[str], console: Console) -> dict[str, Any]:
@@ -392,8 +406,9 @@ def fsdp_case(model: str, reps: int, root: str, host: Host, engines: list[str], 
     return res
 
 
-def run_case(count: int, total: int, reps: int, root: str, host: Host, engines: list[str],
-             console: Console) -> dict[str, Any]:
+def run_case(
+    count: int, total: int, reps: int, root: str, host: Host, engines: list[str], console: Console
+) -> dict[str, Any]:
     t = time.perf_counter()
     sd = random_state_dict(count, total, seed=count)
     nbytes = state_bytes(sd)
@@ -413,8 +428,9 @@ def run_case(count: int, total: int, reps: int, root: str, host: Host, engines: 
 def fsdp_rank(rank: int, world: int, port: int, model: str, reps: int, root: str, out: str) -> None:
     """One rank of the FSDP2 case: its shard of the model and AdamW state, every save and load."""
     warnings.filterwarnings("ignore")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=3600))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=3600)
+    )
     pg = dist.new_group(backend="gloo")
     sd = fsdp_state_dict(model, world)
     for x in tensors_of(sd):  # values of their own: an equality check after a load means something
@@ -427,12 +443,24 @@ def fsdp_rank(rank: int, world: int, port: int, model: str, reps: int, root: str
     if rank == 0:
         merged: dict[str, list[dict[str, float]]] = {}
         for key, runs in samples.items():  # the slowest rank's time; rank 0's page-cache figures (machine-wide)
-            merged[key] = [dict(run, s=max(g[1][key][i]["s"] for g in gathered),
-                                **({"staged": max(g[1][key][i]["staged"] for g in gathered)} if "staged" in run else {}))
-                           for i, run in enumerate(runs)]
+            merged[key] = [
+                dict(
+                    run,
+                    s=max(g[1][key][i]["s"] for g in gathered),
+                    **({"staged": max(g[1][key][i]["staged"] for g in gathered)} if "staged" in run else {}),
+                )
+                for i, run in enumerate(runs)
+            ]
         with open(out, "w") as f:
-            json.dump({"bytes": sum(g[0] for g in gathered), "samples": merged, "stats": extra,
-                       "notes": sorted({n for g in gathered for n in g[3]})}, f)
+            json.dump(
+                {
+                    "bytes": sum(g[0] for g in gathered),
+                    "samples": merged,
+                    "stats": extra,
+                    "notes": sorted({n for g in gathered for n in g[3]}),
+                },
+                f,
+            )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -466,8 +494,21 @@ def case_table(title: str, res: dict[str, Any], caption: str) -> tuple[Table, in
     base = med(res, DCP1)
     table = Table(title=title, caption=caption, caption_justify="left")
     floor = med(res, FLOOR)
-    cols = ["measurement", "staged s", "done s", "GB/s", "x ceiling", "x DCP tc=1", "storage s", "storage x ceiling",
-            "page cache +%", "ckpt cached %", "speedup vs stock", "I/O (last run)", "targets"]
+    cols = [
+        "measurement",
+        "staged s",
+        "done s",
+        "GB/s",
+        "x ceiling",
+        "x DCP tc=1",
+        "storage s",
+        "storage x ceiling",
+        "page cache +%",
+        "ckpt cached %",
+        "speedup vs stock",
+        "I/O (last run)",
+        "targets",
+    ]
     for c in cols:
         table.add_column(c, justify="left" if c in ("measurement", "I/O (last run)", "targets") else "right")
     table.add_row("fio O_DIRECT write ceiling", "", f"{wceil:.3f}", f"{n / wceil / 1e9:.2f}", "1.00", *[""] * 8)
@@ -477,8 +518,9 @@ def case_table(title: str, res: dict[str, Any], caption: str) -> tuple[Table, in
     for name, _ in WRITERS:
         s, staged, cache = med(res, name), med(res, name, "staged"), med(res, name, "cache")
         if name == FLOOR:
-            table.add_row(f"save {name}", f"{staged:.3f}", f"{s:.3f}", "", f"{s / wceil:.2f}", f"{s / base:.2f}",
-                          *[""] * 7)
+            table.add_row(
+                f"save {name}", f"{staged:.3f}", f"{s:.3f}", "", f"{s / wceil:.2f}", f"{s / base:.2f}", *[""] * 7
+            )
             continue
         resident = med(res, name, "resident")
         targets = ""
@@ -487,9 +529,21 @@ def case_table(title: str, res: dict[str, Any], caption: str) -> tuple[Table, in
             targets = " ".join(f"{what} {mark(ok)}" for what, ok in checks)
             if name == HR:
                 misses += sum(not ok for _, ok in checks)
-        table.add_row(f"save {name}", f"{staged:.3f}", f"{s:.3f}", f"{n / s / 1e9:.2f}", f"{s / wceil:.2f}",
-                      f"{s / base:.2f}", f"{s - floor:.3f}", f"{(s - floor) / wceil:.2f}", f"{round(cache, 1) + 0.0:.1f}",
-                      f"{resident:.1f}", "", io_note(res["stats"].get(name)), targets)
+        table.add_row(
+            f"save {name}",
+            f"{staged:.3f}",
+            f"{s:.3f}",
+            f"{n / s / 1e9:.2f}",
+            f"{s / wceil:.2f}",
+            f"{s / base:.2f}",
+            f"{s - floor:.3f}",
+            f"{(s - floor) / wceil:.2f}",
+            f"{round(cache, 1) + 0.0:.1f}",
+            f"{resident:.1f}",
+            "",
+            io_note(res["stats"].get(name)),
+            targets,
+        )
     table.add_section()
     for short in LOAD_FROM.values():
         stock = med(res, f"{short}|{READERS[0]}")
@@ -502,9 +556,21 @@ def case_table(title: str, res: dict[str, Any], caption: str) -> tuple[Table, in
                 targets = f"speedup {mark(ok)}"
                 misses += not ok
             cache = med(res, key, "cache")
-            table.add_row(f"load {short} ckpt: {reader}", "", f"{s:.3f}", f"{n / s / 1e9:.2f}",
-                          f"{s / rceil:.2f}", "", "", "", f"{round(cache, 1) + 0.0:.1f}", "", f"{stock / s:.2f}",
-                          io_note(res["stats"].get(key)), targets)
+            table.add_row(
+                f"load {short} ckpt: {reader}",
+                "",
+                f"{s:.3f}",
+                f"{n / s / 1e9:.2f}",
+                f"{s / rceil:.2f}",
+                "",
+                "",
+                "",
+                f"{round(cache, 1) + 0.0:.1f}",
+                "",
+                f"{stock / s:.2f}",
+                io_note(res["stats"].get(key)),
+                targets,
+            )
     return table, misses
 
 
@@ -513,11 +579,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="256 MiB state dicts and --reps 1, for a smoke run")
     ap.add_argument("--reps", type=int, default=None, help="repetitions per measurement (median; default 3, --quick 1)")
-    ap.add_argument("--size-mib", type=int, default=None, help="bytes of each state dict in MiB (default 2048, --quick 256)")
-    ap.add_argument("--dir", default=None, help="where checkpoints are written (default: a temporary directory in /tmp)")
-    ap.add_argument("--cases", default="fsdp,8,8192",
-                    help="fsdp (FSDP2 GPT-2-medium + AdamW on 2 gloo ranks; GPT-2 small with --quick) and/or tensor "
-                         "counts, comma-separated (default: fsdp,8,8192)")
+    ap.add_argument(
+        "--size-mib", type=int, default=None, help="bytes of each state dict in MiB (default 2048, --quick 256)"
+    )
+    ap.add_argument(
+        "--dir", default=None, help="where checkpoints are written (default: a temporary directory in /tmp)"
+    )
+    ap.add_argument(
+        "--cases",
+        default="fsdp,8,8192",
+        help="fsdp (FSDP2 GPT-2-medium + AdamW on 2 gloo ranks; GPT-2 small with --quick) and/or tensor "
+        "counts, comma-separated (default: fsdp,8,8192)",
+    )
     ap.add_argument("--json", default=None, help="also write every sample here")
     args = ap.parse_args()
     reps = args.reps if args.reps is not None else (1 if args.quick else 3)
@@ -557,14 +630,14 @@ def main() -> int:
     for title, res in results.items():
         caption = [
             f"Median of {reps}; seconds; GB = 1e9 bytes. Save: dcp.async_save through one hostreg Stager(async_staging=True), "
-            "thread checkpointer, warm; \"done\" = until upload_completion.result().",
-            f"Ceilings: fio O_DIRECT, 16 MiB requests, iodepth 4, {engines[0]}, end_fsync; loads' \"x ceiling\" is against the read ceiling.",
+            'thread checkpointer, warm; "done" = until upload_completion.result().',
+            f'Ceilings: fio O_DIRECT, 16 MiB requests, iodepth 4, {engines[0]}, end_fsync; loads\' "x ceiling" is against the read ceiling.',
             "Page cache +%: growth of Cached + Dirty (/proc/meminfo) over the save, % of the bytes saved (it also counts library "
             "pages read back after drop_caches); ckpt cached %: the checkpoint's own files in the page cache right after the "
             "save (fincore), not judged.",
-            "Targets: hostreg save done <= 1.15x the write ceiling (\"ceiling\") and <= 0.5x DCP's default writer, "
-            "thread_count=1 (\"DCP\"); page-cache growth <= 5% (\"cache\"); hostreg load >= 1.5x faster than stock "
-            "dcp.load of the same checkpoint (\"speedup\").",
+            'Targets: hostreg save done <= 1.15x the write ceiling ("ceiling") and <= 0.5x DCP\'s default writer, '
+            'thread_count=1 ("DCP"); page-cache growth <= 5% ("cache"); hostreg load >= 1.5x faster than stock '
+            'dcp.load of the same checkpoint ("speedup").',
             f"{FLOOR!r}: a StorageWriter that stores nothing (planning, staging, resolve_data, the metadata pickled), the "
             "floor under every save through dcp.async_save; storage s = done s - that floor: the writer's own share.",
             "Every load compared bit-exactly with the source: all equal.",

@@ -38,7 +38,7 @@ from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_st
 import hostreg
 import hostreg.torch as ht
 from hostreg import _hostreg
-from hostreg.cli.models import MODELS, GPT
+from hostreg.cli.models import GPT, MODELS
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -76,13 +76,14 @@ def release(*objs: Any) -> None:
 def run_torch(sd: dict) -> dict[str, float]:
     """Seconds to a usable staged copy of ``sd`` (CPU or device tensors) with PyTorch's shared,
     pinned path, and to copy into it again."""
+
     def first() -> dict:
         cpu = _create_cpu_state_dict(sd, pin_memory=True, share_memory=True)
         _copy_state_dict(sd, cpu)
         return cpu
 
     t_first, cpu = timed(first)
-    t_restage, _ = timed(lambda: _copy_state_dict(sd, cpu))
+    t_restage, _ = timed(lambda c=cpu: _copy_state_dict(sd, c))
     assert all(torch.equal(cpu[k], sd[k].cpu()) for k in list(sd)[:3])
     del cpu
     gc.collect()
@@ -91,6 +92,7 @@ def run_torch(sd: dict) -> dict[str, float]:
 
 def run_hostreg(sd: dict) -> dict[str, float]:
     """The same with hostreg's arena (one registration)."""
+
     def first() -> dict:
         cpu = ht.create_cpu_state_dict(sd)
         ht.copy_state_dict(sd, cpu)
@@ -98,7 +100,7 @@ def run_hostreg(sd: dict) -> dict[str, float]:
 
     t_first, cpu = timed(first)
     assert hostreg.stats().registrations == 1
-    t_restage, _ = timed(lambda: ht.copy_state_dict(sd, cpu))
+    t_restage, _ = timed(lambda c=cpu: ht.copy_state_dict(sd, c))
     assert all(torch.equal(cpu[k], sd[k].cpu()) for k in list(sd)[:3])
     del cpu
     gc.collect()
@@ -204,9 +206,20 @@ def main() -> None:
 
     console = Console(width=None if Console().is_terminal else 240)  # a file or pipe gets the whole table
     table = Table(title=f"staging: time to a usable staged copy (min of {args.repeats}), backend {hostreg.backend()}")
-    for col in ("state dict", "GiB", "torch first s", "hostreg first s", "fresh floor s", "speedup vs torch",
-                "first / floor", "torch restage s", "hostreg restage s", "warm memcpy s", "restage vs memcpy",
-                "restage vs torch re-create"):
+    for col in (
+        "state dict",
+        "GiB",
+        "torch first s",
+        "hostreg first s",
+        "fresh floor s",
+        "speedup vs torch",
+        "first / floor",
+        "torch restage s",
+        "hostreg restage s",
+        "warm memcpy s",
+        "restage vs memcpy",
+        "restage vs torch re-create",
+    ):
         table.add_column(col, justify="right")
     verdicts: list[str] = []
     for name, make in cases:
@@ -229,9 +242,21 @@ def main() -> None:
         )
         speedup_target = 5.0 if name.startswith("5,000") else 1.0
         for what, value, ok in [
-            (f"speedup vs torch >= {speedup_target:g}x", m["torch first"] / m["hostreg first"], m["torch first"] / m["hostreg first"] >= speedup_target),
-            ("first / floor <= 1.3", m["hostreg first"] / m["fresh floor"], m["hostreg first"] / m["fresh floor"] <= 1.3),
-            ("restage vs memcpy >= 0.8x", m["warm memcpy"] / m["hostreg restage"], m["warm memcpy"] / m["hostreg restage"] >= 0.8),
+            (
+                f"speedup vs torch >= {speedup_target:g}x",
+                m["torch first"] / m["hostreg first"],
+                m["torch first"] / m["hostreg first"] >= speedup_target,
+            ),
+            (
+                "first / floor <= 1.3",
+                m["hostreg first"] / m["fresh floor"],
+                m["hostreg first"] / m["fresh floor"] <= 1.3,
+            ),
+            (
+                "restage vs memcpy >= 0.8x",
+                m["warm memcpy"] / m["hostreg restage"],
+                m["warm memcpy"] / m["hostreg restage"] >= 0.8,
+            ),
         ]:
             verdicts.append(f"{'met   ' if ok else 'MISSED'} {name}: {what} ({value:.2f})")
         del sd
@@ -241,19 +266,35 @@ def main() -> None:
     counts = [1000, 10000] if args.quick else [1000, 10000, 100000]
     console.print(f"measuring the scaling: {', '.join(f'{n:,}' for n in counts)} tensors of 1 KiB ...", style="dim")
     scale = Table(title=f"per-tensor cost, us a tensor (1 KiB tensors, min of {args.repeats})")
-    for col in ("tensors", "torch first", "torch restage", "Stager first", "Stager restage", "warm memcpy",
-                "Stager restage above memcpy"):
+    for col in (
+        "tensors",
+        "torch first",
+        "torch restage",
+        "Stager first",
+        "Stager restage",
+        "warm memcpy",
+        "Stager restage above memcpy",
+    ):
         scale.add_column(col, justify="right")
     failures = []
     for n, us, failed in scaling(counts, args.repeats):
         if failed:
             failures.append(f"torch's path at {n:,} tensors failed: {failed}")
         above = us["stager restage"] - us["warm memcpy"]
-        scale.add_row(f"{n:,}", f"{us['torch first']:.2f}", f"{us['torch restage']:.2f}", f"{us['stager first']:.2f}",
-                      f"{us['stager restage']:.2f}", f"{us['warm memcpy']:.2f}", f"{above:.2f}")
+        scale.add_row(
+            f"{n:,}",
+            f"{us['torch first']:.2f}",
+            f"{us['torch restage']:.2f}",
+            f"{us['stager first']:.2f}",
+            f"{us['stager restage']:.2f}",
+            f"{us['warm memcpy']:.2f}",
+            f"{above:.2f}",
+        )
         if n >= 10000:
-            verdicts.append(f"{'met   ' if above <= 1.5 else 'MISSED'} {n:,} x 1 KiB: Stager restage <= 1.5 us a tensor "
-                            f"above memcpy ({above:.2f})")
+            verdicts.append(
+                f"{'met   ' if above <= 1.5 else 'MISSED'} {n:,} x 1 KiB: Stager restage <= 1.5 us a tensor "
+                f"above memcpy ({above:.2f})"
+            )
     console.print(scale)
     for line in failures:
         console.print(line, highlight=False, markup=False)

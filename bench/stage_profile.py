@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 import hostreg.torch as ht
-from hostreg.torch import _arena, _copy, _layout, _tree
+from hostreg.torch import _arena, _copy, _layout, _sources, _tree
 
 
 def best(fn: Callable[[], Any], repeats: int) -> float:
@@ -56,15 +56,22 @@ def first_stage(sd: dict, repeats: int) -> dict[str, float]:
     storages = arena.span_storages(layout)
     phases["staged tensors (set_)"] = best(lambda: _arena.leaves_on(storages, layout), repeats)
     leaves = _arena.leaves_on(storages, layout)
-    phases["staged dict (unflatten)"] = best(lambda: _tree.unflatten(layout.spec, leaves, copy.deepcopy(values)), repeats)
+    phases["staged dict (unflatten)"] = best(
+        lambda: _tree.unflatten(layout.spec, leaves, copy.deepcopy(values)), repeats
+    )
     phases["copy plan (destinations measured)"] = best(lambda: _copy.CopyPlan(leaves, weak=True), repeats)
-    phases["keys (sources', destinations')"] = best(lambda: (_copy.source_key(tensors), _copy.source_key(leaves)), repeats)
+    phases["keys (sources', destinations')"] = best(
+        lambda: (_sources.source_key(tensors), _sources.source_key(leaves)), repeats
+    )
 
     def first_copy() -> None:
-        _copy.CopyPlan(leaves, weak=True).copy(tensors, key=(_copy.source_key(tensors), _copy.source_key(leaves)))
+        _copy.CopyPlan(leaves, weak=True).copy(tensors, key=(_sources.source_key(tensors), _sources.source_key(leaves)))
 
-    phases["first copy (check, group, memcpy batch)"] = best(first_copy, repeats) - phases["keys (sources', destinations')"] \
+    phases["first copy (check, group, memcpy batch)"] = (
+        best(first_copy, repeats)
+        - phases["keys (sources', destinations')"]
         - phases["copy plan (destinations measured)"]
+    )
 
     def whole() -> Any:
         staged = ht.create_cpu_state_dict(sd)
@@ -84,9 +91,9 @@ def restage(sd: dict, repeats: int) -> dict[str, float]:
         stager.stage(sd)
         slot = stager._pool[0]
         flat = _layout.flatten_checked(sd)
-        key = _copy.source_key(flat[0])
+        key = _sources.source_key(flat[0])
         phases["flatten + type check"] = best(lambda: _layout.flatten_checked(sd), repeats)
-        phases["source key"] = best(lambda: _copy.source_key(flat[0]), repeats)
+        phases["source key"] = best(lambda: _sources.source_key(flat[0]), repeats)
         phases["layout reused (spec and key compared)"] = best(lambda: stager._layout_for(sd, flat, key), repeats)
         phases["slot: moved? busy?"] = best(lambda: (slot.moved(), slot.busy()), repeats)
         rp = slot.plan._replay
@@ -96,7 +103,9 @@ def restage(sd: dict, repeats: int) -> dict[str, float]:
         phases["tensors handed out (detach)"] = best(lambda: list(map(torch.Tensor.detach, leaves)), repeats)
         fresh = list(map(torch.Tensor.detach, leaves))
         phases["weak references to them"] = best(lambda: list(map(weakref.ref, fresh)), repeats)
-        phases["staged dict (unflatten)"] = best(lambda: _tree.unflatten(slot.staged.layout.spec, fresh, copy.deepcopy(flat[1])), repeats)
+        phases["staged dict (unflatten)"] = best(
+            lambda: _tree.unflatten(slot.staged.layout.spec, fresh, copy.deepcopy(flat[1])), repeats
+        )
         phases["total"] = best(lambda: stager.stage(sd), repeats)
     return phases
 
@@ -108,7 +117,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     opts = parser.parse_args()
     out = Console()
-    for name, fn in (("first stage (create_cpu_state_dict + copy_state_dict)", first_stage), ("Stager restage", restage)):
+    for name, fn in (
+        ("first stage (create_cpu_state_dict + copy_state_dict)", first_stage),
+        ("Stager restage", restage),
+    ):
         results = {}
         for n in opts.tensors:
             sd = {"model": {f"p{i}": torch.randn(opts.bytes // 4) for i in range(n)}}

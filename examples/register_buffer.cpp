@@ -45,7 +45,7 @@ int fail(const char* what, int code) {
 
 int main() {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);  // keep the report in order with stderr's messages
-    constexpr size_t kBytes = 1u << 20;  // 1 MiB: well inside the default RLIMIT_MEMLOCK (8 MiB)
+    constexpr size_t kBytes = 1u << 20;        // 1 MiB: well inside the default RLIMIT_MEMLOCK (8 MiB)
     std::unique_ptr<unsigned char[]> buffer(new unsigned char[kBytes]);
     std::memset(buffer.get(), 0x5a, kBytes);
     void* ptr = buffer.get();

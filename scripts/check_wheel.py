@@ -21,8 +21,17 @@ MAX_BYTES = 2_000_000
 MAX_GLIBC = (2, 28)
 # What the shared objects may load: glibc's libraries, zlib (both in auditwheel's manylinux
 # policy), and the wheel's own libhostreg.so.
-ALLOWED = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
-           "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1", "libz.so.1", "libhostreg.so"}
+ALLOWED = {
+    "libc.so.6",
+    "libm.so.6",
+    "libpthread.so.0",
+    "libdl.so.2",
+    "librt.so.1",
+    "ld-linux-x86-64.so.2",
+    "ld-linux-aarch64.so.1",
+    "libz.so.1",
+    "libhostreg.so",
+}
 
 
 def needed(path: Path) -> list[str]:

@@ -82,7 +82,8 @@ int main(void) {
     }
     rc = hostregHostUnregister(buffer); /* again: CUDA answers cudaErrorHostMemoryNotRegistered */
     if (rc != hostregErrorHostMemoryNotRegistered) {
-        fprintf(stderr, "register_buffer: a second unregister answered %s (%d), not 713\n", hostregGetErrorName(rc), rc);
+        fprintf(stderr, "register_buffer: a second unregister answered %s (%d), not 713\n", hostregGetErrorName(rc),
+                rc);
         goto out;
     }
     printf("unregistered; a second unregister answers %s (%d)\n", hostregGetErrorName(rc), rc);

@@ -107,8 +107,7 @@ HOSTREG_API int hostregPointerGetRegistration(const void* ptr, hostregRegistrati
 /* Copies up to capacity live registrations, in address order, into out (may be NULL when
  * capacity is 0) and stores the total number live in *total (may be NULL). Returns the
  * number copied. */
-HOSTREG_API size_t hostregListRegistrations(hostregRegistration* out, size_t capacity,
-                                            size_t* total);
+HOSTREG_API size_t hostregListRegistrations(hostregRegistration* out, size_t capacity, size_t* total);
 
 /* Fills *out. Returns 0, or 1 if out is NULL. */
 HOSTREG_API int hostregGetStats(hostregStats* out);

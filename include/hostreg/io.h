@@ -71,9 +71,10 @@ typedef struct hostregFileStats {
 
 /* Flags of hostregFileWrite. */
 #define HOSTREG_IO_SYNC 1 /* the data is durable on return (fdatasync) */
-#define HOSTREG_IO_MORE 2 /* a part of the file, more follow: the segments must end at a
-                           * multiple of HOSTREG_IO_BLOCK, and the file is neither truncated
-                           * nor synced (the last part's call does that) */
+#define HOSTREG_IO_MORE                                                  \
+    2 /* a part of the file, more follow: the segments must end at a     \
+       * multiple of HOSTREG_IO_BLOCK, and the file is neither truncated \
+       * nor synced (the last part's call does that) */
 
 /* Writes segments[0..count) to fd with up to `threads` threads (0: 4). The segments must
  * be in file order and tile [start, end) exactly, without gaps or overlaps, where start, the
@@ -90,8 +91,8 @@ typedef struct hostregFileStats {
  * answer 1). Memory of the `into` segments of patches is written to; the rest is only read.
  * stats may be NULL. Returns 0, 1 or 999. */
 HOSTREG_API int hostregFileWrite(int fd, const hostregFileSegment* segments, size_t count,
-                                 const hostregCrcPatch* patches, size_t patch_count, unsigned int threads,
-                                 int flags, hostregFileStats* stats);
+                                 const hostregCrcPatch* patches, size_t patch_count, unsigned int threads, int flags,
+                                 hostregFileStats* stats);
 
 /* Reads segments[0..count) (in file order, not overlapping; gaps are skipped) from fd into
  * their memory with up to `threads` threads (0: 4). A segment that reaches past the end of

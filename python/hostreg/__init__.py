@@ -14,8 +14,6 @@ Main entry points:
 
 from __future__ import annotations
 
-from ._cudart import CudaRuntime, cudart
-from ._errors import HostregError, StagingError, cudaError
 from ._core import (
     HostRegisterFlags,
     LastError,
@@ -32,11 +30,14 @@ from ._core import (
     set_default_device,
     stats,
 )
+from ._cudart import CudaRuntime, cudart
+from ._errors import HostregError, StagingError, cudaError
+from ._hostreg import version as _library_version
 from ._proc import locked_bytes
 
-from ._hostreg import version as _library_version
-
-__version__: str = _library_version()  #: the C library's (CMakeLists.txt's project version, the one place it is written)
+__version__: str = (
+    _library_version()
+)  #: the C library's (CMakeLists.txt's project version, the one place it is written)
 
 __all__ = [
     "CudaRuntime",

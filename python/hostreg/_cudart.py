@@ -15,7 +15,6 @@ import threading
 from . import _core, _hostreg
 from ._errors import cudaError as _CudaError
 
-
 _told = False
 _told_lock = threading.Lock()
 

@@ -15,8 +15,9 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any
 
 
 def _install() -> None:

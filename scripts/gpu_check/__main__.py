@@ -32,14 +32,38 @@ from .report import Report, Row
 from .scenario import step_scenario
 
 STEPS = [  # (number, rows, run, needs the build)
-    ("1", [("1a", "build (cmake Release, nanobind extension)"), ("1b", "import hostreg, hostreg.torch without rich")], step_build, False),
+    (
+        "1",
+        [("1a", "build (cmake Release, nanobind extension)"), ("1b", "import hostreg, hostreg.torch without rich")],
+        step_build,
+        False,
+    ),
     ("2", [("2", "bad-input answers: hostreg vs CUDA runtime")], step_differential, True),
     ("3", [("3", "hostreg-registered memory seen as pinned")], step_registration, True),
-    ("4", [("4a", "torch _create_cpu_state_dict, cudart()=None"), ("4b", "hostreg create/copy_state_dict from device"),
-           ("4c", "hostreg.torch.Stager, stage twice"), ("4d", "Stager(async_staging=True) from device")], step_scenario, True),
-    ("5", [("5a", "D2H SIZE: hostreg vs pin_memory"), ("5b", "D2H SIZE: hostreg vs pageable"),
-           ("5c", "D2H MODEL: hostreg vs pin_memory"), ("5d", "D2H MODEL: hostreg vs pageable"),
-           ("5e", "D2H into mlock-only memory"), ("5f", "time to stage MODEL: hostreg vs torch")], step_bandwidth, True),
+    (
+        "4",
+        [
+            ("4a", "torch _create_cpu_state_dict, cudart()=None"),
+            ("4b", "hostreg create/copy_state_dict from device"),
+            ("4c", "hostreg.torch.Stager, stage twice"),
+            ("4d", "Stager(async_staging=True) from device"),
+        ],
+        step_scenario,
+        True,
+    ),
+    (
+        "5",
+        [
+            ("5a", "D2H SIZE: hostreg vs pin_memory"),
+            ("5b", "D2H SIZE: hostreg vs pageable"),
+            ("5c", "D2H MODEL: hostreg vs pin_memory"),
+            ("5d", "D2H MODEL: hostreg vs pageable"),
+            ("5e", "D2H into mlock-only memory"),
+            ("5f", "time to stage MODEL: hostreg vs torch"),
+        ],
+        step_bandwidth,
+        True,
+    ),
 ]
 
 
@@ -120,9 +144,13 @@ def main(argv: list[str]) -> int:
         return 0
     os.environ.setdefault("HOSTREG_BACKEND", "cuda")
     if a.dry_run and not os.environ.get("HOSTREG_CUDA_LIBRARY"):
-        raise SystemExit("gpu_check --dry-run: set HOSTREG_CUDA_LIBRARY to the CUDA driver test double (gpu_check.sh does)")
+        raise SystemExit(
+            "gpu_check --dry-run: set HOSTREG_CUDA_LIBRARY to the CUDA driver test double (gpu_check.sh does)"
+        )
     report = Report(a.log_dir)
-    report.say(f"gpu_check: {'DRY RUN (no GPU: CUDA driver test double, CPU tensors)' if a.dry_run else 'GPU run'}; logs in {a.log_dir}")
+    report.say(
+        f"gpu_check: {'DRY RUN (no GPU: CUDA driver test double, CPU tensors)' if a.dry_run else 'GPU run'}; logs in {a.log_dir}"
+    )
     ctx, stop = Ctx(a, report), ""
     for number, specs, run, needs_build in STEPS:
         if number not in a.steps:
@@ -148,7 +176,14 @@ def main(argv: list[str]) -> int:
                 raise
             for r in rows.values():
                 if r.figure == "not reported":
-                    r.result, r.figure = "FAIL", ("interrupted (time limit)" if stop else f"error: {type(e).__name__}: {e}".replace("\n", " ")[:160])
+                    r.result, r.figure = (
+                        "FAIL",
+                        (
+                            "interrupted (time limit)"
+                            if stop
+                            else f"error: {type(e).__name__}: {e}".replace("\n", " ")[:160]
+                        ),
+                    )
         gc.collect()
         report.log(f"step {number} took {time.perf_counter() - t0:.1f} s")
     table = report.close()

@@ -23,8 +23,10 @@ def step_build(ctx: Any, rows: dict[str, Row]) -> None:
     a = ctx.args
     rows["1a"].result = a.build_status or "INFO"
     rows["1a"].figure = a.build_detail or "not built by gpu_check.sh (hostreg as found on sys.path)"
-    code = ("import sys; sys.modules['rich'] = None  # any `import rich` now raises ImportError\n"
-            "import hostreg, hostreg.torch, hostreg.cli.models\nprint(hostreg.__file__); print(hostreg.backend())\n")
+    code = (
+        "import sys; sys.modules['rich'] = None  # any `import rich` now raises ImportError\n"
+        "import hostreg, hostreg.torch, hostreg.cli.models\nprint(hostreg.__file__); print(hostreg.backend())\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=os.environ)
     ctx.log(f"import check rc={r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
     if r.returncode != 0:
@@ -42,8 +44,9 @@ def step_build(ctx: Any, rows: dict[str, Row]) -> None:
 def step_differential(ctx: Any, rows: dict[str, Row]) -> None:
     """2: every register/unregister case of the bad-input matrix, sent to the CUDA runtime and
     to hostreg's cuda backend (each on memory of its own); every answer must be the same."""
-    import hostreg
     from support import bad_inputs
+
+    import hostreg
 
     if hostreg.backend() != "cuda":
         raise RuntimeError(f"hostreg's backend is {hostreg.backend()!r}, not cuda: {hostreg.last_error().message}")
@@ -69,7 +72,10 @@ def step_differential(ctx: Any, rows: dict[str, Row]) -> None:
     if ctx.dry and not left:  # a test double is no reference: its differences are findings to read
         rows["2"].result = "INFO"
         rows["2"].figure = f"{len(lines) - len(diffs)}/{len(lines)} answers equal to the CUDA driver double" + (
-            f"; differ: {', '.join(d.split(':')[0] for d in diffs)} (dry run: the real runtime decides)" if diffs else "")
+            f"; differ: {', '.join(d.split(':')[0] for d in diffs)} (dry run: the real runtime decides)"
+            if diffs
+            else ""
+        )
 
 
 def step_registration(ctx: Any, rows: dict[str, Row]) -> None:
@@ -111,7 +117,9 @@ def step_registration(ctx: Any, rows: dict[str, Row]) -> None:
     view = arena.view(0, (4 * MiB,), torch.uint8)
     in_arena = rt.is_pinned(view)
     arena.close()
-    expect(in_arena and not rt.is_pinned(view), f"staging arena: is_pinned {in_arena} -> {rt.is_pinned(view)} after close")
+    expect(
+        in_arena and not rt.is_pinned(view), f"staging arena: is_pinned {in_arena} -> {rt.is_pinned(view)} after close"
+    )
     del view, arena, t, raw
     gc.collect()
     rows["3"].judge(problems, "Host memory to the runtime, is_pinned True -> False after unregister; arena too")

@@ -25,8 +25,13 @@ MEMORY_TYPE_HOST = 1  # enum cudaMemoryType (driver_types.h): Unregistered 0, Ho
 class PointerAttributes(ctypes.Structure):
     # struct cudaPointerAttributes (cuda_runtime_api.h): type, device, devicePointer,
     # hostPointer; CUDA 13 adds fields after them, hence the padding.
-    _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int), ("devicePointer", ctypes.c_void_p),
-                ("hostPointer", ctypes.c_void_p), ("_pad", ctypes.c_long * 16)]
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("device", ctypes.c_int),
+        ("devicePointer", ctypes.c_void_p),
+        ("hostPointer", ctypes.c_void_p),
+        ("_pad", ctypes.c_long * 16),
+    ]
 
 
 def _candidates(torch: Any) -> list[str]:
@@ -38,7 +43,9 @@ def _candidates(torch: Any) -> list[str]:
     for root in dict.fromkeys(r for r in [*site.getsitepackages(), *sys.path] if r):
         found += sorted(glob.glob(os.path.join(root, "nvidia/*/lib/libcudart.so*")))
     major = (getattr(torch.version, "cuda", None) or "").split(".")[0]
-    return list(dict.fromkeys([*found, *([f"libcudart.so.{major}"] if major else []), "libcudart.so.13", "libcudart.so.12"]))
+    return list(
+        dict.fromkeys([*found, *([f"libcudart.so.{major}"] if major else []), "libcudart.so.13", "libcudart.so.12"])
+    )
 
 
 class Runtime:
@@ -57,11 +64,16 @@ class Runtime:
         else:
             raise RuntimeError("no CUDA runtime (libcudart) found: " + "; ".join(errors[-4:]))
         vp, u = ctypes.c_void_p, ctypes.c_uint
-        for name, args in {"cudaSetDevice": [ctypes.c_int], "cudaFree": [vp], "cudaGetLastError": [],
-                           "cudaHostRegister": [vp, ctypes.c_size_t, u], "cudaHostUnregister": [vp],
-                           "cudaHostGetFlags": [ctypes.POINTER(u), vp],
-                           "cudaPointerGetAttributes": [ctypes.POINTER(PointerAttributes), vp],
-                           "cudaRuntimeGetVersion": [ctypes.POINTER(ctypes.c_int)]}.items():
+        for name, args in {
+            "cudaSetDevice": [ctypes.c_int],
+            "cudaFree": [vp],
+            "cudaGetLastError": [],
+            "cudaHostRegister": [vp, ctypes.c_size_t, u],
+            "cudaHostUnregister": [vp],
+            "cudaHostGetFlags": [ctypes.POINTER(u), vp],
+            "cudaPointerGetAttributes": [ctypes.POINTER(PointerAttributes), vp],
+            "cudaRuntimeGetVersion": [ctypes.POINTER(ctypes.c_int)],
+        }.items():
             getattr(lib, name).argtypes, getattr(lib, name).restype = args, ctypes.c_int
         self.lib, self.path, self.torch = lib, cand, torch
         # A current context first: device 0, its primary context made by the classic cudaFree(0).
@@ -121,9 +133,12 @@ class DriverDouble:
         lib.cuCtxPushCurrent_v2.argtypes = [vp]
         lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(vp), ctypes.c_int]
         dev, ctx = ctypes.c_int(), vp()
-        for what, r in (("cuInit", lib.cuInit(0)), ("cuDeviceGet", lib.cuDeviceGet(ctypes.byref(dev), 0)),
-                        ("cuDevicePrimaryCtxRetain", lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev.value)),
-                        ("cuCtxPushCurrent_v2", lib.cuCtxPushCurrent_v2(ctx))):
+        for what, r in (
+            ("cuInit", lib.cuInit(0)),
+            ("cuDeviceGet", lib.cuDeviceGet(ctypes.byref(dev), 0)),
+            ("cuDevicePrimaryCtxRetain", lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev.value)),
+            ("cuCtxPushCurrent_v2", lib.cuCtxPushCurrent_v2(ctx)),
+        ):
             if r:
                 raise RuntimeError(f"{what} failed on the double {path}: CUresult {r}")
         self.lib, self.path, self.describe = lib, path, f"{path} (CUDA driver test double)"

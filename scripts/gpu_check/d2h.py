@@ -37,6 +37,7 @@ def model(ctx: Any, name: str) -> dict:
 
 def gbps(ctx: Any, srcs: list, dsts: list) -> float:
     """Median GB/s (1e9 bytes) of copying srcs (device) into dsts (host)."""
+
     def run() -> None:
         for s, d in zip(srcs, dsts):
             d.copy_(s, non_blocking=True)
@@ -73,7 +74,9 @@ def kinds(ctx: Any, sd: dict) -> dict[str, Any]:
         out["mlock"] = gbps(ctx, srcs, views)
         libc.munlock(ctypes.c_void_p(arena.data_ptr), ctypes.c_size_t(off))
     else:
-        out["mlock"] = f"mlock({off:,}) failed, errno {ctypes.get_errno()} (RLIMIT_MEMLOCK {resource.getrlimit(resource.RLIMIT_MEMLOCK)})"
+        out["mlock"] = (
+            f"mlock({off:,}) failed, errno {ctypes.get_errno()} (RLIMIT_MEMLOCK {resource.getrlimit(resource.RLIMIT_MEMLOCK)})"
+        )
     del views, arena
     gc.collect()
     ctx.log(f"D2H GB/s: {out}")
@@ -102,16 +105,22 @@ def step_bandwidth(ctx: Any, rows: dict[str, Row]) -> None:
         judge(rows[pin_row], ctx, m, "pin_memory", TARGET_VS_PINNED)
         judge(rows[page_row], ctx, m, "pageable", TARGET_VS_PAGEABLE)
     rows["5e"].result = "INFO"
-    rows["5e"].figure = "; ".join(
-        f"{m['mlock']:.1f} GB/s ({m['mlock'] / m['pin_memory']:.2f}x pin_memory) {k}" if isinstance(m["mlock"], float) else f"{k}: {m['mlock']}"
-        for k, m in measured.items()
-    ) + " (no target)"
+    rows["5e"].figure = (
+        "; ".join(
+            f"{m['mlock']:.1f} GB/s ({m['mlock'] / m['pin_memory']:.2f}x pin_memory) {k}"
+            if isinstance(m["mlock"], float)
+            else f"{k}: {m['mlock']}"
+            for k, m in measured.items()
+        )
+        + " (no target)"
+    )
     del one
 
     # 5f: time to a usable staged copy from the device, PyTorch's path against hostreg's.
     sys.path.insert(0, str(REPO / "bench"))
-    import hostreg.torch as ht
     from stage_bench import run_hostreg, run_torch
+
+    import hostreg.torch as ht
 
     sd = model(ctx, a.model)
     was = ht.is_installed()
@@ -123,7 +132,9 @@ def step_bandwidth(ctx: Any, rows: dict[str, Row]) -> None:
         if not was:
             ht.uninstall()
     ctx.report.data["staging"] = {"torch_s": t_torch, "hostreg_s": t_hostreg}
-    rows["5f"].figure = f"{t_torch / t_hostreg:.1f}x faster (hostreg {t_hostreg:.3g} s vs torch {t_torch:.3g} s), target >= {TARGET_STAGING:g}x"
+    rows[
+        "5f"
+    ].figure = f"{t_torch / t_hostreg:.1f}x faster (hostreg {t_hostreg:.3g} s vs torch {t_torch:.3g} s), target >= {TARGET_STAGING:g}x"
     if ctx.dry:
         rows["5f"].result, rows["5f"].figure = "INFO", rows["5f"].figure + " (dry run: not judged)"
     else:

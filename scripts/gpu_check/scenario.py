@@ -18,9 +18,16 @@ def state_dict(ctx: Any) -> dict:
     saved = io.BytesIO()
     torch.save(torch.arange(4.0), saved)
     saved.seek(0)
-    return {"weight": torch.arange(10, dtype=torch.float32, device=dev), "bias": torch.ones(10, device=dev),
-            "buffer": saved, "raw": saved.getvalue(), "step": torch.tensor(7.0, device=dev), "lr": 1.5,
-            "nested": {"list": [1, "two", torch.full((3,), 3.0, device=dev)]}, "big": torch.randn(1 << 20, device=dev)}
+    return {
+        "weight": torch.arange(10, dtype=torch.float32, device=dev),
+        "bias": torch.ones(10, device=dev),
+        "buffer": saved,
+        "raw": saved.getvalue(),
+        "step": torch.tensor(7.0, device=dev),
+        "lr": 1.5,
+        "nested": {"list": [1, "two", torch.full((3,), 3.0, device=dev)]},
+        "big": torch.randn(1 << 20, device=dev),
+    }
 
 
 def tensors(sd: Any) -> list[Any]:
@@ -30,16 +37,26 @@ def tensors(sd: Any) -> list[Any]:
 
 
 def differences(ctx: Any, src: dict, dst: dict) -> list[str]:
-    bad = [f"tensor {tuple(s.shape)} differs" for s, d in zip(tensors(src), tensors(dst)) if not ctx.torch.equal(s.cpu(), d)]
-    if (dst["lr"], dst["raw"], dst["nested"]["list"][:2], dst["buffer"].getvalue()) != (1.5, src["raw"], [1, "two"], src["raw"]):
+    bad = [
+        f"tensor {tuple(s.shape)} differs"
+        for s, d in zip(tensors(src), tensors(dst))
+        if not ctx.torch.equal(s.cpu(), d)
+    ]
+    if (dst["lr"], dst["raw"], dst["nested"]["list"][:2], dst["buffer"].getvalue()) != (
+        1.5,
+        src["raw"],
+        [1, "two"],
+        src["raw"],
+    ):
         bad.append("non-tensor values differ")
     return bad
 
 
 def step_scenario(ctx: Any, rows: dict[str, Row]) -> None:
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
     import hostreg
     import hostreg.torch as ht
-    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
     torch, rt, sd = ctx.torch, ctx.runtime, state_dict(ctx)
     regs0 = hostreg.stats().registrations
@@ -102,7 +119,11 @@ def step_scenario(ctx: Any, rows: dict[str, Row]) -> None:
             problems += [] if stager.arenas_created == 1 else [f"{stager.arenas_created} arenas for 2 saves"]
             if async_staging and not ctx.dry:
                 side = stager._stream
-                problems += [] if side is not None and side.stream_id != torch.cuda.current_stream().stream_id else ["no side stream"]
+                problems += (
+                    []
+                    if side is not None and side.stream_id != torch.cuda.current_stream().stream_id
+                    else ["no side stream"]
+                )
         finally:
             stager.close()
         what = "Future, side stream after the caller's queued work" if async_staging else "stage()"

@@ -1,17 +1,13 @@
 // acl.cpp: Huawei Ascend NPUs, through AscendCL (libascendcl.so, CANN; calls in acl_abi.hpp).
 //
-// Facts from the CANN runtime's published sources (hicann/runtime) and the CANN 8.5 / 9.x
-// API docs; see docs/vendors.md "AscendCL":
+// Facts from the CANN runtime's sources (hicann/runtime) and API docs (docs/vendors.md):
 // - Every registration asks for ACL_HOST_REG_MAPPED | ACL_HOST_REG_PINNED. PINNED alone is
 //   not enough: on drivers without pin-register support the runtime only *records* a
-//   PINNED range and locks nothing (src/runtime/api/impl/api_impl.cc, ApiImpl::HostRegisterV2:
-//   `if (isMapped) { flag &= ~RT_MEM_HOST_REGISTER_PINNED; ... Driver_()->HostRegister(...) }
-//   if (isPinned) { InsertPinnedMemory(ptr, size); }`), a success that is not a lock. MAPPED
-//   always reaches the driver, which maps the pages for the device's DMA; where the driver
-//   supports pin-register, PINNED reaches it too and it also pins them
-//   (src/runtime/driver/npu_driver_mem.cc, NpuDriver::HostRegister: MAPPED|PINNED becomes
-//   HOST_MEM_MAP_DEV | MEM_REGISTER_HOST_PINNED). (PINNED on memory that is already
-//   page-locked, an aclrtMallocHost buffer, is refused: an error, never a false success.)
+//   PINNED range and locks nothing (ApiImpl::HostRegisterV2; docs/vendors.md quotes it), a
+//   success that is not a lock. MAPPED always reaches the driver, which maps the pages for
+//   the device's DMA; where the driver supports pin-register, PINNED reaches it too and it
+//   also pins them (NpuDriver::HostRegister). (PINNED on memory that is already page-locked,
+//   an aclrtMallocHost buffer, is refused: an error, never a false success.)
 // - CUDA's flags: Default, Portable and Mapped all become MAPPED|PINNED; but a registration is
 //   for one NPU only (ApiImpl::HostRegisterV2 passes the current context's device to the
 //   driver, which keeps one mapping node per device), where CUDA's Portable means every
@@ -37,14 +33,12 @@
 //   neither it refuses with 201 and says how to tell it: it never creates a context on a
 //   device the process did not choose (NPU 0 for rank k would map rank k's arena for the
 //   wrong NPU). aclInit (100002, already initialised, is fine) runs at first use.
-// - A registration is made for the thread's current device (ApiImpl::HostRegisterV2 passes
-//   CurrentContext()->Device_()->Id_() to the driver, and HostUnregister likewise): each piece
-//   remembers its device and is undone on it, the thread's device restored after. A host page
-//   can be registered for one device only, so two registrations on different NPUs cannot share
-//   an edge page: the second answers 801 and says so.
-// - Kernels 5.10 or older: unavailable (kernel_too_old below, from CANN's API docs).
-// - Codes (kCodes below); aclGetRecentErrMsg gives the runtime's own explanation, kept in the
-//   message. aclrtHostGetDevicePointer takes only the exact base of a registration.
+// - A registration is made for the thread's current device (ApiImpl::HostRegisterV2, and
+//   HostUnregister likewise): each piece remembers its device and is undone on it. A host page
+//   is registered for one device only: registrations on two NPUs cannot share an edge page
+//   (the second answers 801 and says so).
+// - Kernels 5.10 or older: unavailable (kernel_too_old). Codes: kCodes, aclGetRecentErrMsg in
+//   the message. aclrtHostGetDevicePointer takes only a base. Details: docs/vendors.md.
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -64,7 +58,7 @@ namespace {
 using namespace acl_abi;
 
 constexpr uint32_t kFlag = kHostRegMapped | kHostRegPinned;  // see the file comment
-constexpr size_t kAlignment = 4096;  // CANN docs: "4K-page-aligned"
+constexpr size_t kAlignment = 4096;                          // CANN docs: "4K-page-aligned"
 
 HOSTREG_DEFINE_API(HOSTREG_ACL_SYMBOLS)
 
@@ -74,9 +68,9 @@ constexpr CodeMap kCodes[] = {
     {kErrorInvalidParam, hostregErrorInvalidValue},
     {kErrorRtParamInvalid, hostregErrorInvalidValue},
     {kErrorRtAddrUnaligned, hostregErrorInvalidValue},
-    {kErrorRtInvalidDeviceId, hostregErrorInvalidDevice},            // 101
+    {kErrorRtInvalidDeviceId, hostregErrorInvalidDevice},  // 101
     {kErrorUninitialize, hostregErrorInitializationError},
-    {kErrorRtContextNull, 201},                                      // cudaErrorDeviceUninitialized
+    {kErrorRtContextNull, 201},  // cudaErrorDeviceUninitialized
     {kErrorBadAlloc, hostregErrorMemoryAllocation},
     {kErrorRtMemoryAllocation, hostregErrorMemoryAllocation},
     {kErrorApiNotSupport, hostregErrorNotSupported},
@@ -108,10 +102,9 @@ std::string npu_list(uint64_t mask) {
 
 Status failure(const Api& api, const char* call, aclError r, int code) {
     const char* msg = api.aclGetRecentErrMsg();
-    return Status::error(code,
-                         std::string(call) + " failed: aclError " + std::to_string(r) + (msg && *msg ? ": " : "") +
-                             (msg ? msg : ""),
-                         r);
+    return Status::error(
+        code,
+        std::string(call) + " failed: aclError " + std::to_string(r) + (msg && *msg ? ": " : "") + (msg ? msg : ""), r);
 }
 Status failure(const Api& api, const char* call, aclError r) { return failure(api, call, r, translate(r, kCodes)); }
 
@@ -133,11 +126,13 @@ Status start(Acl& a) {
     Api& api = a.api;
     Capabilities& caps = a.probe.caps;
     if (const std::string release = kernel_too_old(); !release.empty())
-        return Status::error(hostregErrorNotSupported,
-                             "Linux " + release + " is 5.10 or older: CANN's API docs say registering host memory that "
-                             "aclrtMallocHost did not allocate causes exceptions on such kernels (aclrtHostRegister, "
-                             "aclrtHostRegisterV2: ptr), and hostreg registers any memory, so it does not use AscendCL "
-                             "here (HOSTREG_BACKEND=auto takes posix: the OS's page lock, not mapped for the NPU)");
+        return Status::error(
+            hostregErrorNotSupported,
+            "Linux " + release +
+                " is 5.10 or older: CANN's API docs say registering host memory that "
+                "aclrtMallocHost did not allocate causes exceptions on such kernels (aclrtHostRegister, "
+                "aclrtHostRegisterV2: ptr), and hostreg registers any memory, so it does not use AscendCL "
+                "here (HOSTREG_BACKEND=auto takes posix: the OS's page lock, not mapped for the NPU)");
     int32_t major = 0, minor = 0, patch = 0;
     if (api.aclrtGetVersion && api.aclrtGetVersion(&major, &minor, &patch) == kSuccess)
         caps.version = "AscendCL " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
@@ -172,11 +167,12 @@ Status ensure_context() {
     }
     const int32_t device = a.device.load();
     if (device < 0)
-        return Status::error(201,  // cudaErrorDeviceUninitialized: no context to register in
-                             "this thread has no current NPU context, and hostreg does not know which NPU this process "
-                             "uses: set it on this thread first (torch.npu.set_device, aclrtSetDevice), or tell hostreg "
-                             "(hostreg.set_default_device(n), hostregSetDefaultDevice); hostreg does not guess NPU 0",
-                             kErrorRtContextNull);
+        return Status::error(
+            201,  // cudaErrorDeviceUninitialized: no context to register in
+            "this thread has no current NPU context, and hostreg does not know which NPU this process "
+            "uses: set it on this thread first (torch.npu.set_device, aclrtSetDevice), or tell hostreg "
+            "(hostreg.set_default_device(n), hostregSetDefaultDevice); hostreg does not guess NPU 0",
+            kErrorRtContextNull);
     if (aclError r = a.api.aclrtSetDevice(device)) return failure(a.api, "aclrtSetDevice", r);
     return Status::ok();
 }
@@ -194,8 +190,9 @@ Status acl_set_default_device(int device) {
     uint32_t count = 0;
     if (aclError r = api.aclrtGetDeviceCount(&count)) return failure(api, "aclrtGetDeviceCount", r);
     if (static_cast<uint32_t>(device) >= count)
-        return Status::error(hostregErrorInvalidDevice,
-                             "NPU " + std::to_string(device) + " does not exist (AscendCL reports " + std::to_string(count) + ")");
+        return Status::error(
+            hostregErrorInvalidDevice,
+            "NPU " + std::to_string(device) + " does not exist (AscendCL reports " + std::to_string(count) + ")");
     a.device = device;
     return Status::ok();
 }
@@ -216,7 +213,8 @@ Status acl_register(void* ptr, size_t bytes, unsigned flags, Piece* piece) {
     if ((flags & HOSTREG_HOST_REGISTER_PORTABLE) && (a.used.load() & ~bit(device)))
         return Status::error(hostregErrorNotSupported,
                              "cudaHostRegisterPortable asks for every device, but AscendCL registers for one NPU (this "
-                             "thread's, NPU " + std::to_string(device) + "), and this process has registered for NPU " +
+                             "thread's, NPU " +
+                                 std::to_string(device) + "), and this process has registered for NPU " +
                                  npu_list(a.used.load() & ~bit(device)) +
                                  " too: register without Portable, once per NPU, from a thread on that NPU");
     const char* call = api.aclrtHostRegisterV2 ? "aclrtHostRegisterV2" : "aclrtHostRegister";
@@ -245,11 +243,12 @@ Status acl_share(void* ptr, size_t /*bytes*/, const Piece& piece) {
     if (device == device_of(piece)) return Status::ok();
     char at[32];
     std::snprintf(at, sizeof at, "%p", ptr);
-    return Status::error(hostregErrorNotSupported,
-                         std::string("the 4 KiB page at ") + at + " is registered for NPU " +
-                             std::to_string(device_of(piece)) + " by a neighbouring registration, and this thread's is NPU " +
-                             std::to_string(device) + ": AscendCL registers a host page for one device only (align "
-                             "ranges registered for different NPUs to 4 KiB)");
+    return Status::error(hostregErrorNotSupported, std::string("the 4 KiB page at ") + at + " is registered for NPU " +
+                                                       std::to_string(device_of(piece)) +
+                                                       " by a neighbouring registration, and this thread's is NPU " +
+                                                       std::to_string(device) +
+                                                       ": AscendCL registers a host page for one device only (align "
+                                                       "ranges registered for different NPUs to 4 KiB)");
 }
 
 // Undone on the NPU it was made for (HostUnregister acts for the current context's device).

@@ -9,8 +9,6 @@ int translate(long long native, const CodeMap* map, size_t n) {
     return hostregErrorUnknown;
 }
 
-int mirror_cuda(long long native) {
-    return is_known_code(native) ? static_cast<int>(native) : hostregErrorUnknown;
-}
+int mirror_cuda(long long native) { return is_known_code(native) ? static_cast<int>(native) : hostregErrorUnknown; }
 
 }  // namespace hostreg

@@ -59,7 +59,8 @@ Status start(Cuda& c) {
     Api& api = c.api;
     int version = 0;
     if (api.cuDriverGetVersion(&version) == kCudaSuccess)
-        c.probe.caps.version = "driver API " + std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+        c.probe.caps.version =
+            "driver API " + std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
     if (CUresult r = api.cuInit(0)) {
         Status s = failure(api, "cuInit", r);
         if (r == kCudaErrorStubLibrary) s.message += " (" + c.lib.path() + " is the toolkit's stub, not a driver)";
@@ -75,8 +76,7 @@ Status start(Cuda& c) {
     caps.flags = HOSTREG_HOST_REGISTER_ALL_FLAGS;
     int read_only = 1;
     if (api.cuDeviceGetAttribute &&
-        api.cuDeviceGetAttribute(&read_only, kAttributeReadOnlyHostRegisterSupported, dev) ==
-            kCudaSuccess &&
+        api.cuDeviceGetAttribute(&read_only, kAttributeReadOnlyHostRegisterSupported, dev) == kCudaSuccess &&
         !read_only)
         caps.flags &= ~HOSTREG_HOST_REGISTER_READ_ONLY;
     caps.max_registration = kMaxRegistration;
@@ -129,8 +129,8 @@ Status cuda_unregister(void* ptr, size_t /*bytes*/, const Piece& piece) {
     Api& api = cuda().api;
     CUcontext used = nullptr;
     bool pushed = true;
-    CUresult r = in_context(static_cast<CUcontext>(piece.owner), &used, [&] { return api.cuMemHostUnregister(ptr); },
-                            &pushed);
+    CUresult r =
+        in_context(static_cast<CUcontext>(piece.owner), &used, [&] { return api.cuMemHostUnregister(ptr); }, &pushed);
     if (r == kCudaSuccess) return Status::ok();
     // The context it was made in is gone (released to nothing, reset or destroyed), and its
     // registrations went with it (cuda.h: a primary context "is automatically reset once the
@@ -138,8 +138,9 @@ Status cuda_unregister(void* ptr, size_t /*bytes*/, const Piece& piece) {
     // than keep it for ever.
     if (!pushed && (r == kCudaErrorInvalidContext || r == kCudaErrorContextIsDestroyed)) {
         Status s = failure(api, "cuCtxPushCurrent_v2", r);
-        return Status::error(hostregErrorHostMemoryNotRegistered,
-                             s.message + " (the context the registration was made in is gone, and the registration with it)", r)
+        return Status::error(
+                   hostregErrorHostMemoryNotRegistered,
+                   s.message + " (the context the registration was made in is gone, and the registration with it)", r)
             .blame_environment();
     }
     return failure(api, "cuMemHostUnregister", r);
@@ -153,8 +154,9 @@ extern const Backend kCudaBackend = {
     /*host_register=*/cuda_register,
     /*host_unregister=*/cuda_unregister,
     /*share=*/defaults::share,
-    /*set_default_device=*/defaults::set_default_device,  // a thread without a context: device 0's primary context, CUDA's default
-    /*room=*/defaults::room,  // the runtime pins; no limit that hostreg checks beforehand
+    /*set_default_device=*/defaults::set_default_device,  // a thread without a context: device 0's primary context,
+                                                          // CUDA's default
+    /*room=*/defaults::room,                              // the runtime pins; no limit that hostreg checks beforehand
 };
 
 }  // namespace hostreg

@@ -14,16 +14,17 @@ using CUcontext = CUctx_st*;
 using CUdeviceptr = unsigned long long;
 using CUdevice_attribute = int;  // enum CUdevice_attribute_enum
 
-constexpr CUresult kCudaSuccess = 0;  // CUDA_SUCCESS
-constexpr CUresult kCudaErrorStubLibrary = 34;  // CUDA_ERROR_STUB_LIBRARY, the toolkit's stubs/libcuda.so
-constexpr CUresult kCudaErrorInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
+constexpr CUresult kCudaSuccess = 0;                    // CUDA_SUCCESS
+constexpr CUresult kCudaErrorStubLibrary = 34;          // CUDA_ERROR_STUB_LIBRARY, the toolkit's stubs/libcuda.so
+constexpr CUresult kCudaErrorInvalidContext = 201;      // CUDA_ERROR_INVALID_CONTEXT
 constexpr CUresult kCudaErrorContextIsDestroyed = 709;  // CUDA_ERROR_CONTEXT_IS_DESTROYED
 // cuMemHostRegister flags: the same bits as the runtime's cudaHostRegister flags.
-constexpr unsigned kMemHostRegisterPortable = 0x01;  // CU_MEMHOSTREGISTER_PORTABLE
+constexpr unsigned kMemHostRegisterPortable = 0x01;   // CU_MEMHOSTREGISTER_PORTABLE
 constexpr unsigned kMemHostRegisterDeviceMap = 0x02;  // CU_MEMHOSTREGISTER_DEVICEMAP
-constexpr unsigned kMemHostRegisterIoMemory = 0x04;  // CU_MEMHOSTREGISTER_IOMEMORY
-constexpr unsigned kMemHostRegisterReadOnly = 0x08;  // CU_MEMHOSTREGISTER_READ_ONLY
-constexpr CUdevice_attribute kAttributeReadOnlyHostRegisterSupported = 113;  // CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED
+constexpr unsigned kMemHostRegisterIoMemory = 0x04;   // CU_MEMHOSTREGISTER_IOMEMORY
+constexpr unsigned kMemHostRegisterReadOnly = 0x08;   // CU_MEMHOSTREGISTER_READ_ONLY
+constexpr CUdevice_attribute kAttributeReadOnlyHostRegisterSupported =
+    113;  // CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED
 
 // cuda.h maps the plain names of these calls to their _v2 symbols (e.g.
 // `#define cuMemHostRegister cuMemHostRegister_v2`): the _v2 names are the exported ones.

@@ -50,13 +50,14 @@ std::vector<std::string> absolute_search_dirs() {
 
 void DynLib::open(const char* override_env, const char* const* names) {
     std::vector<std::string> candidates;
-    for (const char* const* n = names; *n; ++n) candidates.emplace_back(*n);
+    for (const char* const* n = names; *n; ++n)
+        candidates.emplace_back(*n);
     const char* forced = std::getenv(override_env);
     if (forced && *forced) {
         if (forced[0] != '/') {
-            status_ = Status::error(hostregErrorInitializationError,
-                                    std::string(override_env) + "=" + forced +
-                                        " is not an absolute path; refusing to load it");
+            status_ =
+                Status::error(hostregErrorInitializationError, std::string(override_env) + "=" + forced +
+                                                                   " is not an absolute path; refusing to load it");
             return;
         }
         candidates = {forced};

@@ -33,7 +33,7 @@
 namespace hostreg {
 
 class DynLib {
-public:
+  public:
     // Opens the library named by the environment variable override_env (absolute path), or
     // else the first of names (nullptr-terminated) that loads. status() says why not.
     void open(const char* override_env, const char* const* names);
@@ -49,7 +49,7 @@ public:
     // The Status of a missing required symbol.
     Status missing(const char* sym) const;
 
-private:
+  private:
     void* handle_ = nullptr;  // never dlclosed: vendor runtimes do not survive unloading
     bool not_found_ = false;
     std::string path_;
@@ -92,16 +92,16 @@ T& loaded_once() {
 }  // namespace hostreg
 
 #define HOSTREG_DECLARE_FN(name, ret, args) ret(*name) args = nullptr;
-#define HOSTREG_BIND_REQUIRED(name, ret, args)                                 \
-    name = reinterpret_cast<ret(*) args>(lib.symbol(#name));                   \
+#define HOSTREG_BIND_REQUIRED(name, ret, args)               \
+    name = reinterpret_cast<ret(*) args>(lib.symbol(#name)); \
     if (name == nullptr) return lib.missing(#name);
 #define HOSTREG_BIND_OPTIONAL(name, ret, args) name = reinterpret_cast<ret(*) args>(lib.symbol(#name));
 
-#define HOSTREG_DEFINE_API(SYMBOLS)                                            \
-    struct Api {                                                               \
-        SYMBOLS(HOSTREG_DECLARE_FN, HOSTREG_DECLARE_FN)                        \
-        ::hostreg::Status bind(const ::hostreg::DynLib& lib) {                 \
-            SYMBOLS(HOSTREG_BIND_REQUIRED, HOSTREG_BIND_OPTIONAL)              \
-            return ::hostreg::Status::ok();                                    \
-        }                                                                      \
+#define HOSTREG_DEFINE_API(SYMBOLS)                               \
+    struct Api {                                                  \
+        SYMBOLS(HOSTREG_DECLARE_FN, HOSTREG_DECLARE_FN)           \
+        ::hostreg::Status bind(const ::hostreg::DynLib& lib) {    \
+            SYMBOLS(HOSTREG_BIND_REQUIRED, HOSTREG_BIND_OPTIONAL) \
+            return ::hostreg::Status::ok();                       \
+        }                                                         \
     };

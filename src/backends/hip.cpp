@@ -56,8 +56,8 @@ Status start(Hip& h) {
     int count = 0;
     if (hipError_t r = api.hipGetDeviceCount(&count)) return failure(api, "hipGetDeviceCount", r, mirror_cuda(r));
     if (count == 0) return Status::error(hostregErrorNoDevice, "the HIP runtime reports no device");
-    h.probe.caps.flags = kHipHostRegisterPortable | kHipHostRegisterMapped | kHipHostRegisterIoMemory |
-                         kHipHostRegisterReadOnly;
+    h.probe.caps.flags =
+        kHipHostRegisterPortable | kHipHostRegisterMapped | kHipHostRegisterIoMemory | kHipHostRegisterReadOnly;
     h.probe.caps.note = "page-locked and DMA-mapped by the ROCm runtime (hipHostRegister)";
     return Status::ok();
 }
@@ -95,8 +95,9 @@ extern const Backend kHipBackend = {
     /*host_register=*/hip_register,
     /*host_unregister=*/hip_unregister,
     /*share=*/defaults::share,
-    /*set_default_device=*/defaults::set_default_device,  // the runtime's own current device (0 unless chosen), as CUDA's
-    /*room=*/defaults::room,  // the runtime pins; no limit that hostreg checks beforehand
+    /*set_default_device=*/defaults::set_default_device,  // the runtime's own current device (0 unless chosen), as
+                                                          // CUDA's
+    /*room=*/defaults::room,                              // the runtime pins; no limit that hostreg checks beforehand
 };
 
 }  // namespace hostreg

@@ -9,10 +9,10 @@ namespace hostreg::hip_abi {
 
 using hipError_t = int;  // enum hipError_t; its numbers mirror cudaError's
 
-constexpr hipError_t kHipSuccess = 0;  // hipSuccess
-constexpr hipError_t kHipErrorInvalidValue = 1;  // hipErrorInvalidValue
+constexpr hipError_t kHipSuccess = 0;               // hipSuccess
+constexpr hipError_t kHipErrorInvalidValue = 1;     // hipErrorInvalidValue
 constexpr unsigned kHipHostRegisterPortable = 0x1;  // hipHostRegisterPortable
-constexpr unsigned kHipHostRegisterMapped = 0x2;  // hipHostRegisterMapped
+constexpr unsigned kHipHostRegisterMapped = 0x2;    // hipHostRegisterMapped
 constexpr unsigned kHipHostRegisterIoMemory = 0x4;  // hipHostRegisterIoMemory
 // 0x8: hipHostRegisterReadOnly in current headers, hipExtHostRegisterCoarseGrained in older
 // ones (ROCm 5.2); clr ignores the bit either way (docs/vendors.md "HIP").

@@ -28,8 +28,8 @@ Status failure(const Api& api, const char* call, musaError_t r) {
     const char* name = api.musaGetErrorName ? api.musaGetErrorName(r) : nullptr;
     const char* text = api.musaGetErrorString(r);
     return Status::error(mirror_cuda(r),
-                         std::string(call) + " failed: " + (name ? name : "musaError_t") + " (" +
-                             std::to_string(r) + "): " + (text ? text : ""),
+                         std::string(call) + " failed: " + (name ? name : "musaError_t") + " (" + std::to_string(r) +
+                             "): " + (text ? text : ""),
                          r);
 }
 
@@ -72,8 +72,9 @@ extern const Backend kMusaBackend = {
     /*host_register=*/musa_register,
     /*host_unregister=*/musa_unregister,
     /*share=*/defaults::share,
-    /*set_default_device=*/defaults::set_default_device,  // the runtime's own current device (0 unless chosen), as CUDA's
-    /*room=*/defaults::room,  // the runtime pins; no limit that hostreg checks beforehand
+    /*set_default_device=*/defaults::set_default_device,  // the runtime's own current device (0 unless chosen), as
+                                                          // CUDA's
+    /*room=*/defaults::room,                              // the runtime pins; no limit that hostreg checks beforehand
 };
 
 }  // namespace hostreg

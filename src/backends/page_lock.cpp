@@ -18,12 +18,8 @@ namespace hostreg {
 
 // mlock(2) / munlock(2) as system calls: sanitizer runtimes (ASan, TSan) replace the libc
 // wrappers with no-ops, which would make every success here a lie under a sanitizer build.
-int lock_pages(uintptr_t addr, size_t len) {
-    return static_cast<int>(syscall(SYS_mlock, addr, len));
-}
-int unlock_pages(uintptr_t addr, size_t len) {
-    return static_cast<int>(syscall(SYS_munlock, addr, len));
-}
+int lock_pages(uintptr_t addr, size_t len) { return static_cast<int>(syscall(SYS_mlock, addr, len)); }
+int unlock_pages(uintptr_t addr, size_t len) { return static_cast<int>(syscall(SYS_munlock, addr, len)); }
 
 namespace {
 
@@ -59,36 +55,30 @@ Status lock_failure(int err, uintptr_t first, size_t len) {
     std::string what = std::string("mlock(") + range + ") failed: " + std::strerror(err);
     if (err == ENOMEM) {
         if (!range_mapped(first, len))
-            return Status::error(hostregErrorInvalidValue,
-                                 what + ": the range is not (fully) mapped memory", err);
+            return Status::error(hostregErrorInvalidValue, what + ": the range is not (fully) mapped memory", err);
         if (range_has_no_access_pages(first, len))
             return Status::error(hostregErrorInvalidValue,
                                  what + ": the range includes pages with no access (PROT_NONE)", err);
         if (range_past_file_end(first, len))
-            return Status::error(hostregErrorInvalidValue,
-                                 what + ": the range maps a file past the end of the file (any access there is a SIGBUS)",
-                                 err);
-        struct rlimit rl {};
+            return Status::error(
+                hostregErrorInvalidValue,
+                what + ": the range maps a file past the end of the file (any access there is a SIGBUS)", err);
+        struct rlimit rl{};
         getrlimit(RLIMIT_MEMLOCK, &rl);
         if (!has_cap_ipc_lock() && rl.rlim_cur != RLIM_INFINITY)
-            return Status::error(
-                hostregErrorMemoryAllocation,
-                what + ": locking it would exceed " + memlock_advice(rl.rlim_cur),
-                err);
-        return Status::error(hostregErrorMemoryAllocation, what + ": the kernel is out of memory",
-                             err);
+            return Status::error(hostregErrorMemoryAllocation,
+                                 what + ": locking it would exceed " + memlock_advice(rl.rlim_cur), err);
+        return Status::error(hostregErrorMemoryAllocation, what + ": the kernel is out of memory", err);
     }
-    if (err == EPERM)
-        return Status::error(hostregErrorNotPermitted, what + ": not permitted", err);
+    if (err == EPERM) return Status::error(hostregErrorNotPermitted, what + ": not permitted", err);
     if (err == EINVAL) return Status::error(hostregErrorInvalidValue, what, err);
-    return Status::error(hostregErrorMemoryAllocation, what + ": some pages could not be locked",
-                         err);
+    return Status::error(hostregErrorMemoryAllocation, what + ": some pages could not be locked", err);
 }
 
 }  // namespace
 
 Status lock_room(size_t len) {
-    struct rlimit rl {};
+    struct rlimit rl{};
     if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || has_cap_ipc_lock()) return Status::ok();
     const unsigned long long held = status_field("VmLck:", 10) * 1024, limit = rl.rlim_cur;  // kB there
     if (held <= limit && len <= limit - held) return Status::ok();

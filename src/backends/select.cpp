@@ -22,8 +22,8 @@ Choice choose() {
     const char* env = std::getenv("HOSTREG_BACKEND");
     const std::string want = (env && *env) ? env : "auto";
     if (want == "none")
-        return {nullptr, Status::error(hostregErrorNotSupported,
-                                       "host registration is disabled (HOSTREG_BACKEND=none)")};
+        return {nullptr,
+                Status::error(hostregErrorNotSupported, "host registration is disabled (HOSTREG_BACKEND=none)")};
     std::string tried;
     for (const Backend* const* it = kAllBackends; *it; ++it) {
         const Backend* b = *it;
@@ -31,24 +31,23 @@ Choice choose() {
         const Status& s = b->probe().status;
         if (s.is_ok()) return {b, Status::ok()};
         if (want != "auto")
-            return {nullptr, Status::error(hostregErrorInitializationError,
-                                           std::string("backend ") + b->name +
-                                               " (HOSTREG_BACKEND) is unavailable: " + s.message,
-                                           s.native)};
+            return {nullptr,
+                    Status::error(hostregErrorInitializationError,
+                                  std::string("backend ") + b->name + " (HOSTREG_BACKEND) is unavailable: " + s.message,
+                                  s.native)};
         tried += std::string(tried.empty() ? "" : "; ") + b->name + ": " + s.message;
     }
     if (want != "auto")
         return {nullptr, Status::error(hostregErrorInitializationError,
                                        "unknown backend '" + want +
                                            "' in HOSTREG_BACKEND (use auto, cuda, hip, acl, ze, musa, posix or none)")};
-    return {nullptr, Status::error(hostregErrorInitializationError,
-                                   "no backend is available (" + tried + ")")};
+    return {nullptr, Status::error(hostregErrorInitializationError, "no backend is available (" + tried + ")")};
 }
 
 }  // namespace
 
 // Accelerator runtimes first, in a fixed documented order; posix, always available, last.
-const Backend* const kAllBackends[] = {&kCudaBackend, &kHipBackend, &kAclBackend, &kZeBackend,
+const Backend* const kAllBackends[] = {&kCudaBackend, &kHipBackend,   &kAclBackend, &kZeBackend,
                                        &kMusaBackend, &kPosixBackend, nullptr};
 
 const Backend* active_backend(Status* why) {

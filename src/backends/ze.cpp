@@ -97,8 +97,9 @@ Status start(Ze& z) {
     size_t n = 1;
     zel_component_version_t loader{};
     if (api.zelLoaderGetVersions && api.zelLoaderGetVersions(&n, &loader) == kResultSuccess && n >= 1)
-        z.probe.caps.version = std::string(loader.component_name) + " " + std::to_string(loader.component_lib_version.major) +
-                               "." + std::to_string(loader.component_lib_version.minor) + "." +
+        z.probe.caps.version = std::string(loader.component_name) + " " +
+                               std::to_string(loader.component_lib_version.major) + "." +
+                               std::to_string(loader.component_lib_version.minor) + "." +
                                std::to_string(loader.component_lib_version.patch);
     uint32_t count = 0;
     if (ze_result_t r = api.zeDriverGet(&count, nullptr)) return failure("zeDriverGet", r);
@@ -128,14 +129,18 @@ Status start(Ze& z) {
         auto rel = reinterpret_cast<zexDriverReleaseImportedPointer_t>(release);
         const size_t page = page_size();
         void* probe = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (probe == MAP_FAILED) return Status::error(hostregErrorMemoryAllocation, "cannot map a page to probe the import");
+        if (probe == MAP_FAILED)
+            return Status::error(hostregErrorMemoryAllocation, "cannot map a page to probe the import");
         const ze_result_t tried = imp(drivers[i], probe, page);
         if (tried == kResultSuccess) rel(drivers[i], probe);
         munmap(probe, page);
         if (tried != kResultSuccess) {
-            why = "the driver offers zexDriverImportExternalPointer but refuses it (" + failure("import of one page", tried).message +
-                  (tried == kResultErrorUnsupportedFeature ? "; compute-runtime answers so when run with EnableHostPointerImport=0"
-                                                           : "") + ")";
+            why = "the driver offers zexDriverImportExternalPointer but refuses it (" +
+                  failure("import of one page", tried).message +
+                  (tried == kResultErrorUnsupportedFeature
+                       ? "; compute-runtime answers so when run with EnableHostPointerImport=0"
+                       : "") +
+                  ")";
             code = hostregErrorNotSupported;
             continue;
         }
@@ -143,7 +148,8 @@ Status start(Ze& z) {
         z.import = imp;
         z.release = rel;
         void* base_of = nullptr;
-        if (api.zeDriverGetExtensionFunctionAddress(drivers[i], "zexDriverGetHostPointerBaseAddress", &base_of) == kResultSuccess)
+        if (api.zeDriverGetExtensionFunctionAddress(drivers[i], "zexDriverGetHostPointerBaseAddress", &base_of) ==
+            kResultSuccess)
             z.base_of = reinterpret_cast<zexDriverGetHostPointerBaseAddress_t>(base_of);
     }
     if (!z.driver) return Status::error(code, why);
@@ -154,8 +160,9 @@ Status start(Ze& z) {
     Capabilities& caps = z.probe.caps;
     caps.flags = HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED | HOSTREG_HOST_REGISTER_READ_ONLY;
     caps.granule = page_size();
-    caps.note = "imported into the Level Zero driver for every device (zexDriverImportExternalPointer) and "
-                "page-locked with mlock(2)";
+    caps.note =
+        "imported into the Level Zero driver for every device (zexDriverImportExternalPointer) and "
+        "page-locked with mlock(2)";
     return Status::ok();
 }
 
@@ -175,9 +182,11 @@ Status ze_register(void* ptr, size_t bytes, unsigned /*flags*/, Piece* piece) {
         if (void* base = imported_by_another(z, at)) {
             char where[64];
             std::snprintf(where, sizeof where, "%p (its import starts at %p)", at, base);
-            return Status::error(hostregErrorHostMemoryAlreadyRegistered,
-                                 std::string("byte ") + where + " is already imported into the Level Zero driver by "
-                                     "another user of it in this process (SYCL, oneCCL): zexDriverGetHostPointerBaseAddress");
+            return Status::error(
+                hostregErrorHostMemoryAlreadyRegistered,
+                std::string("byte ") + where +
+                    " is already imported into the Level Zero driver by "
+                    "another user of it in this process (SYCL, oneCCL): zexDriverGetHostPointerBaseAddress");
         }
     }
     if (ze_result_t r = z.import(z.driver, ptr, bytes)) return failure("zexDriverImportExternalPointer", r);
@@ -189,7 +198,7 @@ Status ze_register(void* ptr, size_t bytes, unsigned /*flags*/, Piece* piece) {
     return Status::ok();
 }
 
-Status ze_share(void* ptr, size_t bytes, const Piece& /*piece*/) {  // see posix_share
+Status ze_share(void* ptr, size_t bytes, const Piece& /*piece*/) {               // see posix_share
     return lock_range(reinterpret_cast<uintptr_t>(ptr), bytes, /*undo=*/false);  // a neighbour holds it
 }
 
@@ -219,7 +228,7 @@ extern const Backend kZeBackend = {
     /*host_unregister=*/ze_unregister,
     /*share=*/ze_share,
     /*set_default_device=*/defaults::set_default_device,  // imports are the driver's, for no one device
-    /*room=*/lock_room,  // the pages are locked with mlock too
+    /*room=*/lock_room,                                   // the pages are locked with mlock too
 };
 
 }  // namespace hostreg

@@ -28,22 +28,22 @@ struct zel_component_version_t {
     zel_version_t component_lib_version;
 };
 
-constexpr ze_result_t kResultSuccess = 0;  // ZE_RESULT_SUCCESS
-constexpr ze_result_t kResultErrorDeviceLost = 0x70000001;  // ZE_RESULT_ERROR_DEVICE_LOST
-constexpr ze_result_t kResultErrorOutOfHostMemory = 0x70000002;  // ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY
-constexpr ze_result_t kResultErrorUninitialized = 0x78000001;  // ZE_RESULT_ERROR_UNINITIALIZED
+constexpr ze_result_t kResultSuccess = 0;                           // ZE_RESULT_SUCCESS
+constexpr ze_result_t kResultErrorDeviceLost = 0x70000001;          // ZE_RESULT_ERROR_DEVICE_LOST
+constexpr ze_result_t kResultErrorOutOfHostMemory = 0x70000002;     // ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY
+constexpr ze_result_t kResultErrorUninitialized = 0x78000001;       // ZE_RESULT_ERROR_UNINITIALIZED
 constexpr ze_result_t kResultErrorUnsupportedFeature = 0x78000003;  // ZE_RESULT_ERROR_UNSUPPORTED_FEATURE
-constexpr ze_result_t kResultErrorInvalidArgument = 0x78000004;  // ZE_RESULT_ERROR_INVALID_ARGUMENT
-constexpr ze_result_t kResultErrorHandleObjectInUse = 0x78000006;  // ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE
+constexpr ze_result_t kResultErrorInvalidArgument = 0x78000004;     // ZE_RESULT_ERROR_INVALID_ARGUMENT
+constexpr ze_result_t kResultErrorHandleObjectInUse = 0x78000006;   // ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE
 constexpr ze_result_t kResultErrorInvalidNullPointer = 0x78000007;  // ZE_RESULT_ERROR_INVALID_NULL_POINTER
-constexpr ze_result_t kResultErrorInvalidSize = 0x78000008;  // ZE_RESULT_ERROR_INVALID_SIZE
+constexpr ze_result_t kResultErrorInvalidSize = 0x78000008;         // ZE_RESULT_ERROR_INVALID_SIZE
 constexpr ze_result_t kResultErrorOverlappingRegions = 0x7800001a;  // ZE_RESULT_ERROR_OVERLAPPING_REGIONS
 
-#define HOSTREG_ZE_SYMBOLS(REQUIRED, OPTIONAL)                                             \
-    REQUIRED(zeInit, ze_result_t, (ze_init_flags_t))                                       \
-    REQUIRED(zeDriverGet, ze_result_t, (uint32_t*, ze_driver_handle_t*))                   \
-    REQUIRED(zeDriverGetApiVersion, ze_result_t, (ze_driver_handle_t, ze_api_version_t*)) \
-    REQUIRED(zeDeviceGet, ze_result_t, (ze_driver_handle_t, uint32_t*, ze_device_handle_t*)) \
+#define HOSTREG_ZE_SYMBOLS(REQUIRED, OPTIONAL)                                                            \
+    REQUIRED(zeInit, ze_result_t, (ze_init_flags_t))                                                      \
+    REQUIRED(zeDriverGet, ze_result_t, (uint32_t*, ze_driver_handle_t*))                                  \
+    REQUIRED(zeDriverGetApiVersion, ze_result_t, (ze_driver_handle_t, ze_api_version_t*))                 \
+    REQUIRED(zeDeviceGet, ze_result_t, (ze_driver_handle_t, uint32_t*, ze_device_handle_t*))              \
     REQUIRED(zeDriverGetExtensionFunctionAddress, ze_result_t, (ze_driver_handle_t, const char*, void**)) \
     OPTIONAL(zelLoaderGetVersions, ze_result_t, (size_t*, zel_component_version_t*))
 

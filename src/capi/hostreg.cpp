@@ -41,17 +41,17 @@ int hostregHostUnregister(void* ptr) { return record(Registry::instance().host_u
 
 int hostregHostGetDevicePointer(void** device_ptr, void* host_ptr, unsigned int flags) {
     if (device_ptr == nullptr) return null_out("device_ptr", __func__);
-    if (flags != 0)
-        return record(Status::error(hostregErrorInvalidValue, "flags must be 0"), __func__);
+    if (flags != 0) return record(Status::error(hostregErrorInvalidValue, "flags must be 0"), __func__);
     Registration r;
     if (!Registry::instance().find(host_ptr, &r))
-        return record(Status::error(hostregErrorInvalidValue,
-                                    "host pointer is not inside a registration"), __func__);
+        return record(Status::error(hostregErrorInvalidValue, "host pointer is not inside a registration"), __func__);
     if (r.device_ptr == nullptr)
-        return record(Status::error(hostregErrorInvalidValue,
-                                    std::string("the ") + r.backend->name +
-                                        " runtime gave this registration no device address (it maps none for these flags, or it "
-                                        "mapped the registration's pages apart)"), __func__);
+        return record(
+            Status::error(hostregErrorInvalidValue,
+                          std::string("the ") + r.backend->name +
+                              " runtime gave this registration no device address (it maps none for these flags, or it "
+                              "mapped the registration's pages apart)"),
+            __func__);
     const auto offset = reinterpret_cast<uintptr_t>(host_ptr) - r.base;
     *device_ptr = static_cast<char*>(r.device_ptr) + offset;
     return hostregSuccess;
@@ -61,8 +61,7 @@ int hostregHostGetFlags(unsigned int* flags, void* host_ptr) {
     if (flags == nullptr) return null_out("flags", __func__);
     Registration r;
     if (!Registry::instance().find(host_ptr, &r))
-        return record(Status::error(hostregErrorInvalidValue,
-                                    "host pointer is not inside a registration"), __func__);
+        return record(Status::error(hostregErrorInvalidValue, "host pointer is not inside a registration"), __func__);
     *flags = r.flags;
     return hostregSuccess;
 }
@@ -73,7 +72,8 @@ int hostregPointerGetRegistration(const void* ptr, hostregRegistration* out) {
     if (out == nullptr) return null_out("out", __func__);
     Registration r;
     if (!Registry::instance().find(ptr, &r))  // an answer, not an event: not logged
-        return hostreg::remember(Status::error(hostregErrorHostMemoryNotRegistered, "pointer is not inside a registration"));
+        return hostreg::remember(
+            Status::error(hostregErrorHostMemoryNotRegistered, "pointer is not inside a registration"));
     fill(r, out);
     return hostregSuccess;
 }
@@ -82,7 +82,8 @@ size_t hostregListRegistrations(hostregRegistration* out, size_t capacity, size_
     const auto all = Registry::instance().list();
     if (total) *total = all.size();
     size_t n = 0;
-    for (; out && n < capacity && n < all.size(); ++n) fill(all[n], &out[n]);
+    for (; out && n < capacity && n < all.size(); ++n)
+        fill(all[n], &out[n]);
     return n;
 }
 
@@ -119,9 +120,11 @@ const char* hostregBackendName(void) {
 const char* const* hostregBackendNames(void) {
     static const char* const* names = [] {
         size_t n = 0;
-        while (hostreg::kAllBackends[n]) ++n;
+        while (hostreg::kAllBackends[n])
+            ++n;
         auto** v = new const char*[n + 1];
-        for (size_t i = 0; i < n; ++i) v[i] = hostreg::kAllBackends[i]->name;
+        for (size_t i = 0; i < n; ++i)
+            v[i] = hostreg::kAllBackends[i]->name;
         v[n] = nullptr;
         return v;
     }();
@@ -141,8 +144,9 @@ const hostreg::Backend* backend_named(const char* name) {
 int hostregProbeBackend(const char* name, const char** detail) {
     thread_local std::string text;
     const hostreg::Backend* found = backend_named(name);
-    Status s = found ? found->probe().status
-                     : Status::error(hostregErrorInvalidValue, std::string("unknown backend ") + (name ? name : "NULL"));
+    Status s = found
+                   ? found->probe().status
+                   : Status::error(hostregErrorInvalidValue, std::string("unknown backend ") + (name ? name : "NULL"));
     if (s.is_ok()) {
         const hostreg::Capabilities& c = found->probe().caps;
         text = c.library.empty() ? c.version : c.library + (c.version.empty() ? "" : ", " + c.version);
@@ -157,7 +161,8 @@ int hostregBackendCapabilities(const char* name, hostregCapabilities* out) {
     if (out == nullptr) return null_out("out", __func__);
     const hostreg::Backend* found = backend_named(name);
     if (!found)
-        return record(Status::error(hostregErrorInvalidValue, std::string("unknown backend ") + (name ? name : "NULL")), __func__);
+        return record(Status::error(hostregErrorInvalidValue, std::string("unknown backend ") + (name ? name : "NULL")),
+                      __func__);
     const hostreg::Probe& p = found->probe();  // kept for the life of the process
     out->flags = p.status.is_ok() ? p.caps.flags : 0;
     out->max_registration = p.caps.max_registration;
@@ -184,7 +189,7 @@ int hostregSetDefaultDevice(int device) {
 
 int hostregLockAllowance(unsigned long long* memlock_bytes, int* cap_ipc_lock) {
     if (memlock_bytes) {
-        struct rlimit rl {};
+        struct rlimit rl{};
         *memlock_bytes = (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
                              ? ~0ull
                              : static_cast<unsigned long long>(rl.rlim_cur);

@@ -32,7 +32,9 @@ hostregStagingBuffer* handle(hostreg::StagingBuffer* b) { return reinterpret_cas
 
 extern "C" {
 
-int hostregSharedMemoryCreate(size_t bytes, int* fd) { return record(hostreg::create_shared_memory(bytes, fd), __func__); }
+int hostregSharedMemoryCreate(size_t bytes, int* fd) {
+    return record(hostreg::create_shared_memory(bytes, fd), __func__);
+}
 
 int hostregMaxRegistration(size_t* bytes) {
     size_t got = SIZE_MAX;
@@ -57,7 +59,9 @@ int hostregSharedMemoryDirectory(const char** dir) {
     return record(s, __func__);  // outside the lock: a log handler may wait for anything
 }
 
-int hostregPrepareMemory(void* ptr, size_t bytes, int fd) { return record(hostreg::prepare_memory(ptr, bytes, fd), __func__); }
+int hostregPrepareMemory(void* ptr, size_t bytes, int fd) {
+    return record(hostreg::prepare_memory(ptr, bytes, fd), __func__);
+}
 
 // The C handle is the C++ chunked registration.
 struct hostregChunkedRegistration : hostreg::ChunkedRegistration {};
@@ -85,7 +89,6 @@ int hostregChunkedUnregister(hostregChunkedRegistration* registration) {
 size_t hostregChunkedCount(const hostregChunkedRegistration* registration) {
     return registration ? registration->chunks() : 0;
 }
-
 
 int hostregStagingBufferCreate(size_t bytes, int shared, int pin, unsigned int flags, size_t max_chunk_bytes,
                                hostregStagingBuffer** out) {

@@ -76,7 +76,7 @@ bool range_past_file_end(uintptr_t lo, size_t bytes) {
         // The mapped file itself, also when it has no name (memfd, O_TMPFILE, deleted).
         char path[64];
         std::snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", v.start, v.end);
-        struct stat st {};
+        struct stat st{};
         if (stat(path, &st) != 0) return false;
         const unsigned long last = std::min<unsigned long>(v.end, lo + bytes);  // end of the range in this VMA
         return v.offset + (last - v.start) > static_cast<unsigned long>(st.st_size) + page_size() - 1;

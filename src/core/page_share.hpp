@@ -24,7 +24,7 @@
 namespace hostreg {
 
 class PageShare {
-public:
+  public:
     // Registers [lo, lo + bytes) with be in pieces of `granule` bytes (see above). On success
     // *middle describes the piece owned by this registration alone (empty when there is
     // none) and *device is the device address of lo, or nullptr when the runtime gave none or
@@ -38,8 +38,7 @@ public:
     // runtime no longer knew (713) counts as released. An edge the runtime refuses to
     // unregister is kept, with no holder, for the next registration of that granule to take
     // over; its status is returned.
-    Status release(const Backend& be, uintptr_t lo, size_t bytes, size_t granule, const Piece& middle,
-                   bool* released);
+    Status release(const Backend& be, uintptr_t lo, size_t bytes, size_t granule, const Piece& middle, bool* released);
 
     // fork(2) handlers (called with the registry's own): the child inherits no lock or
     // runtime registration, so it starts with no edge.
@@ -50,7 +49,7 @@ public:
         mu_.unlock();
     }
 
-private:
+  private:
     struct Edge {
         unsigned holders = 0;
         Piece piece;

@@ -41,14 +41,14 @@ Registry& Registry::instance() {
 }
 
 void Registry::after_fork_in_child() {
-    for (const auto& [base, e] : map_) inherited_.insert(base);
+    for (const auto& [base, e] : map_)
+        inherited_.insert(base);
     map_.clear();
     pages_.after_fork_in_child();
     mu_.unlock();  // locked by the prepare handler in the (now only) forking thread
 }
 
-std::map<uintptr_t, Registry::Entry>::const_iterator Registry::overlapping(uintptr_t lo,
-                                                                           uintptr_t hi) const {
+std::map<uintptr_t, Registry::Entry>::const_iterator Registry::overlapping(uintptr_t lo, uintptr_t hi) const {
     auto it = map_.lower_bound(lo);
     if (it != map_.end() && it->first < hi) return it;
     if (it != map_.begin()) {
@@ -75,9 +75,9 @@ Status Registry::host_register(void* ptr, size_t bytes, unsigned flags) {
     if (be == nullptr) return why;
     const Capabilities& caps = be->probe().caps;
     if (flags & ~caps.flags)
-        return Status::error(hostregErrorNotSupported,
-                             "flags " + hex(flags & ~caps.flags) + " are not supported by the " + be->name +
-                                 " backend (it honours " + hex(caps.flags) + ")");
+        return Status::error(hostregErrorNotSupported, "flags " + hex(flags & ~caps.flags) +
+                                                           " are not supported by the " + be->name +
+                                                           " backend (it honours " + hex(caps.flags) + ")");
     const uintptr_t hi = lo + bytes;
     {
         std::lock_guard<std::mutex> g(mu_);
@@ -85,9 +85,8 @@ Status Registry::host_register(void* ptr, size_t bytes, unsigned flags) {
         if (it != map_.end()) {
             const auto& r = it->second.reg;
             return Status::error(hostregErrorHostMemoryAlreadyRegistered,
-                                 "range " + hex(lo) + "+" + std::to_string(bytes) +
-                                     " overlaps the registration " + hex(r.base) + "+" +
-                                     std::to_string(r.bytes));
+                                 "range " + hex(lo) + "+" + std::to_string(bytes) + " overlaps the registration " +
+                                     hex(r.base) + "+" + std::to_string(r.bytes));
         }
         map_.emplace(lo, Entry{Registration{lo, bytes, flags, nullptr, be, caps.granule, {}}, State::Pending});
     }
@@ -123,8 +122,7 @@ Status Registry::host_unregister(void* ptr) {
             auto inside = overlapping(base, base + 1);
             std::string why = "pointer " + hex(base) + " is not the base of a live registration";
             if (it == map_.end() && inside != map_.end())
-                why += " (it lies inside " + hex(inside->first) + "+" +
-                       std::to_string(inside->second.reg.bytes) + ")";
+                why += " (it lies inside " + hex(inside->first) + "+" + std::to_string(inside->second.reg.bytes) + ")";
             return Status::error(hostregErrorHostMemoryNotRegistered, why);
         }
         it->second.state = State::Releasing;

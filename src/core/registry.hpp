@@ -43,7 +43,7 @@ struct Registration {
 };
 
 class Registry {
-public:
+  public:
     // The one registry of this process. Never destroyed, so finalizers that unregister
     // during interpreter or process exit still find it.
     static Registry& instance();
@@ -62,7 +62,7 @@ public:
     };
     Stats stats() const;
 
-private:
+  private:
     enum class State { Pending, Live, Releasing };
     struct Entry {
         Registration reg;

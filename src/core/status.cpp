@@ -41,13 +41,15 @@ LogLevel threshold() {
     static const LogLevel level = [] {
         const char* env = std::getenv("HOSTREG_LOG_LEVEL");
         std::string v = env ? env : "";
-        for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        for (char& c : v)
+            c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
         if (v == "debug") return LogLevel::Debug;
         if (v == "info") return LogLevel::Info;
         if (v == "warning" || v == "warn") return LogLevel::Warning;
         if (v == "off") return LogLevel::Off;  // silent, also the drop-in's first refusal (hostreg/_cudart.py)
         if (!v.empty())
-            std::fprintf(stderr, "hostreg: HOSTREG_LOG_LEVEL='%s' is not debug, info, warning, warn or off; ignored\n", env);
+            std::fprintf(stderr, "hostreg: HOSTREG_LOG_LEVEL='%s' is not debug, info, warning, warn or off; ignored\n",
+                         env);
         return LogLevel::Off;
     }();
     return level;
@@ -71,7 +73,8 @@ const char* error_string(int code) {
 
 std::string with_commas(unsigned long long n) {
     std::string s = std::to_string(n);
-    for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+    for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3)
+        s.insert(static_cast<size_t>(i), ",");
     return s;
 }
 
@@ -101,7 +104,8 @@ void emit(LogLevel level, const char* call, int code, long long native, const st
     }
     if (level < threshold()) return;
     static const char* const kNames[] = {"debug", "info", "warning"};
-    std::fprintf(stderr, "hostreg %s: %s\n", kNames[static_cast<int>(level)], log_text(call, code, native, message).c_str());
+    std::fprintf(stderr, "hostreg %s: %s\n", kNames[static_cast<int>(level)],
+                 log_text(call, code, native, message).c_str());
 }
 
 }  // namespace
@@ -109,7 +113,9 @@ void emit(LogLevel level, const char* call, int code, long long native, const st
 std::string log_text(const char* call, int code, long long native, const std::string& message) {
     std::string text;
     if (call && *call) text += std::string(call) + ": ";
-    if (code) text += std::string(error_name(code)) + " (" + std::to_string(code) + "), native " + std::to_string(native) + ": ";
+    if (code)
+        text +=
+            std::string(error_name(code)) + " (" + std::to_string(code) + "), native " + std::to_string(native) + ": ";
     return text + message;
 }
 

@@ -18,7 +18,6 @@ namespace hostreg {
 Status file_write(int fd, const hostregFileSegment* segments, size_t count, const hostregCrcPatch* patches,
                   size_t patch_count, unsigned threads, int flags, hostregFileStats* stats);
 
-Status file_read(int fd, const hostregFileSegment* segments, size_t count, unsigned threads,
-                 hostregFileStats* stats);
+Status file_read(int fd, const hostregFileSegment* segments, size_t count, unsigned threads, hostregFileStats* stats);
 
 }  // namespace hostreg

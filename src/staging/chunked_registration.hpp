@@ -19,7 +19,7 @@ namespace hostreg {
 Status max_registration_override(size_t* bytes);
 
 class ChunkedRegistration {
-public:
+  public:
     // Registers [ptr, ptr+bytes) with flags, in chunks of at most max_chunk bytes (0: the
     // backend's limit); this object then owns them. On failure it holds none. Call once.
     Status register_range(void* ptr, size_t bytes, unsigned flags, size_t max_chunk);
@@ -29,7 +29,7 @@ public:
 
     size_t chunks() const { return bases_.size(); }
 
-private:
+  private:
     std::vector<uintptr_t> bases_;
 };
 

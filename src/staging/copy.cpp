@@ -34,7 +34,8 @@ void copy_span(void* const* dst, const void* const* src, const size_t* bytes, si
 
 void copy_batch(void* const* dst, const void* const* src, const size_t* bytes, size_t n, unsigned threads) {
     size_t total = 0;
-    for (size_t i = 0; i < n; ++i) total += bytes[i];
+    for (size_t i = 0; i < n; ++i)
+        total += bytes[i];
     if (threads == 0) threads = usable_cpus();
     threads = static_cast<unsigned>(std::min<size_t>(threads, std::max<size_t>(1, total / kMinBytesPerThread)));
     if (threads <= 1) return copy_span(dst, src, bytes, n, 0, total);

@@ -24,7 +24,8 @@ namespace hostreg {
 inline unsigned usable_cpus() {
     cpu_set_t set;
     CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return static_cast<unsigned>(CPU_COUNT(&set));
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return static_cast<unsigned>(CPU_COUNT(&set));
     return std::max(1u, std::thread::hardware_concurrency());
 }
 
@@ -34,8 +35,8 @@ struct Span {
     size_t begin, end;
 };
 inline Span part_of(size_t len, size_t parts, size_t align, size_t i) {
-    const size_t per = (len + parts - 1) / parts;                // ceil: never short
-    const size_t share = (per + align - 1) / align * align;      // then up to the alignment
+    const size_t per = (len + parts - 1) / parts;            // ceil: never short
+    const size_t share = (per + align - 1) / align * align;  // then up to the alignment
     const size_t begin = std::min(len, i * share);
     return Span{begin, std::min(len, begin + share)};
 }
@@ -51,7 +52,8 @@ size_t run_parts(size_t parts, F work) {
         pool.reserve(parts > 0 ? parts - 1 : 0);
         here.reserve(parts);
     } catch (...) {  // no memory even for the bookkeeping: everything here, in order
-        for (size_t i = 0; i < parts; ++i) work(i);
+        for (size_t i = 0; i < parts; ++i)
+            work(i);
         return 1;
     }
     here.push_back(0);
@@ -62,8 +64,10 @@ size_t run_parts(size_t parts, F work) {
             here.push_back(i);
         }
     }
-    for (size_t i : here) work(i);
-    for (auto& t : pool) t.join();
+    for (size_t i : here)
+        work(i);
+    for (auto& t : pool)
+        t.join();
     return pool.size() + 1;
 }
 

@@ -61,7 +61,7 @@ Status shortage_in(const struct statvfs& st, const std::string& dir, size_t byte
 }
 
 Status shortage(int fd, size_t bytes, int err) {
-    struct statvfs st {};
+    struct statvfs st{};
     if (fstatvfs(fd, &st) != 0) return Status::ok();
     return shortage_in(st, backing_dir(fd), bytes, err);
 }
@@ -71,7 +71,7 @@ Status shortage(int fd, size_t bytes, int err) {
 Status shared_memory_room(size_t bytes) {
     std::string dir;
     if (Status s = shared_memory_dir(&dir); !s.is_ok()) return s;
-    struct statvfs st {};
+    struct statvfs st{};
     if (statvfs(dir.c_str(), &st) != 0) return Status::ok();  // no such directory: memfd, with no limit of its own
     return shortage_in(st, dir, bytes, 0);
 }
@@ -89,13 +89,15 @@ Status shared_memory_dir(std::string* dir) {
             .blame_environment();
     };
     if (d[0] != '/') return bad("is not an absolute path");
-    struct stat st {};
-    if (stat(d.c_str(), &st) != 0) return bad(errno == ENOENT ? "does not exist" : std::string("cannot be read: ") + std::strerror(errno));
+    struct stat st{};
+    if (stat(d.c_str(), &st) != 0)
+        return bad(errno == ENOENT ? "does not exist" : std::string("cannot be read: ") + std::strerror(errno));
     if (!S_ISDIR(st.st_mode)) return bad("is not a directory");
-    struct statfs fs {};
+    struct statfs fs{};
     if (statfs(d.c_str(), &fs) != 0) return bad(std::string("cannot be read: ") + std::strerror(errno));
     // Staging memory must be memory: a disk directory would put staging memory on disk.
-    constexpr long kTmpfs = 0x01021994, kRamfs = static_cast<long>(0x858458f6), kHugetlbfs = static_cast<long>(0x958458f6);
+    constexpr long kTmpfs = 0x01021994, kRamfs = static_cast<long>(0x858458f6),
+                   kHugetlbfs = static_cast<long>(0x958458f6);
     if (fs.f_type != kTmpfs && fs.f_type != kRamfs && fs.f_type != kHugetlbfs)
         return bad("is not a tmpfs (a disk directory would put staging memory on disk)");
     *dir = d;
@@ -113,8 +115,8 @@ Status create_shared_memory(size_t bytes, int* fd_out) {
         const bool chosen = std::getenv("HOSTREG_SHM_DIR") && *std::getenv("HOSTREG_SHM_DIR");
         if (chosen || (err != EOPNOTSUPP && err != EISDIR && err != ENOENT))
             return Status::error(hostregErrorMemoryAllocation,
-                                 "cannot create staging memory in " + dir + (chosen ? " (HOSTREG_SHM_DIR)" : "") + ": " +
-                                     std::strerror(err),
+                                 "cannot create staging memory in " + dir + (chosen ? " (HOSTREG_SHM_DIR)" : "") +
+                                     ": " + std::strerror(err),
                                  err);
         fd = static_cast<int>(syscall(SYS_memfd_create, "hostreg-arena", MFD_CLOEXEC));  // no /dev/shm
         if (fd < 0)
@@ -124,7 +126,7 @@ Status create_shared_memory(size_t bytes, int* fd_out) {
     Status s = shortage(fd, bytes, 0);  // plainly too small: say so before allocating anything
     // Files on hugetlbfs take only whole huge pages (ftruncate answers EINVAL otherwise): the
     // file is sized up to the filesystem's block size (the page size elsewhere, a no-op there).
-    struct statvfs vfs {};
+    struct statvfs vfs{};
     const size_t block = fstatvfs(fd, &vfs) == 0 && vfs.f_bsize > 0 ? static_cast<size_t>(vfs.f_bsize) : 1;
     const size_t sized = bytes > SIZE_MAX - block ? bytes : (bytes + block - 1) / block * block;
     if (s.is_ok() && ftruncate(fd, static_cast<off_t>(sized)) != 0)
@@ -149,12 +151,12 @@ Status prepare_memory(void* ptr, size_t bytes, int fd) {
     const uintptr_t page = page_size();
     const uintptr_t first = reinterpret_cast<uintptr_t>(ptr) & ~(page - 1);
     const size_t len = reinterpret_cast<uintptr_t>(ptr) + bytes - first;
-    const size_t threads =
-        std::max<size_t>(1, std::min<size_t>(usable_cpus(), len / kMinPopulateBytes));
+    const size_t threads = std::max<size_t>(1, std::min<size_t>(usable_cpus(), len / kMinPopulateBytes));
     std::vector<int> errs(threads, 0);
     run_parts(threads, [&](size_t t) {
         const Span s = part_of(len, threads, page, t);
-        if (s.end > s.begin && madvise(reinterpret_cast<void*>(first + s.begin), s.end - s.begin, MADV_POPULATE_WRITE) != 0)
+        if (s.end > s.begin &&
+            madvise(reinterpret_cast<void*>(first + s.begin), s.end - s.begin, MADV_POPULATE_WRITE) != 0)
             errs[t] = errno;
     });
     for (int err : errs) {

@@ -57,7 +57,7 @@ Status StagingBuffer::attach(int fd, size_t bytes, std::unique_ptr<StagingBuffer
     out->reset();
     std::unique_ptr<StagingBuffer> b(new StagingBuffer());
     b->fd_ = fd;  // owned from here: closed by b, whatever happens
-    struct stat st {};
+    struct stat st{};
     if (fd < 0 || fstat(fd, &st) != 0) return Status::error(hostregErrorInvalidValue, "not a descriptor", errno);
     if (bytes == 0 || static_cast<unsigned long long>(st.st_size) < bytes)
         return Status::error(hostregErrorInvalidValue, "the staging file holds " + with_commas(st.st_size) +
@@ -66,7 +66,8 @@ Status StagingBuffer::attach(int fd, size_t bytes, std::unique_ptr<StagingBuffer
     if (p == MAP_FAILED) {
         const int err = errno;
         return Status::error(hostregErrorMemoryAllocation,
-                             "cannot map " + with_commas(bytes) + " bytes of staging memory: " + std::strerror(err), err);
+                             "cannot map " + with_commas(bytes) + " bytes of staging memory: " + std::strerror(err),
+                             err);
     }
     b->map_ = p;
     b->bytes_ = bytes;

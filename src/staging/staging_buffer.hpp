@@ -15,7 +15,7 @@
 namespace hostreg {
 
 class StagingBuffer {
-public:
+  public:
     // bytes (> 0) of staging memory: shared (an unnamed /dev/shm file, mapped MAP_SHARED) or
     // private anonymous memory; every page allocated (prepare_memory); registered with flags in
     // chunks of at most max_chunk bytes when pin. On failure *out is empty and nothing is left.
@@ -42,7 +42,7 @@ public:
     // Undo the registration now (the memory stays mapped). Idempotent.
     Status unregister() { return registration_.unregister_all(); }
 
-private:
+  private:
     StagingBuffer() = default;
     int fd_ = -1;
     void* map_ = nullptr;

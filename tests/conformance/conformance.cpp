@@ -35,11 +35,11 @@ using hrtest::page;
 using hrtest::vmlck_kb;
 
 struct Profile {
-    const char* name;         // HOSTREG_CONFORMANCE_PROFILE
-    const char* library_env;  // HOSTREG_<VENDOR>_LIBRARY, or nullptr for posix
-    const char* reg_symbol;   // the vendor function that registers
-    const char* unreg_symbol; // ... and unregisters
-    bool io_memory_ok;        // IoMemory passed through to the runtime (which accepts it)
+    const char* name;                          // HOSTREG_CONFORMANCE_PROFILE
+    const char* library_env;                   // HOSTREG_<VENDOR>_LIBRARY, or nullptr for posix
+    const char* reg_symbol;                    // the vendor function that registers
+    const char* unreg_symbol;                  // ... and unregisters
+    bool io_memory_ok;                         // IoMemory passed through to the runtime (which accepts it)
     unsigned (*vendor_flags)(unsigned flags);  // what must reach the runtime for CUDA flags;
                                                // nullptr: the runtime takes no flags
 };
@@ -121,7 +121,7 @@ long pieces(const void* p, size_t bytes) {
 long vendor_calls(const char* sym) { return the_double().calls && sym ? the_double().calls(sym) : 0; }
 
 class Conformance : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         // The process's device, chosen as an application would (AscendCL registers on a
         // thread without a context only for a device the process chose; others ignore it).
@@ -201,7 +201,8 @@ TEST_F(Conformance, OverlapAnswers712FromTheRegistry) {
         char* p;
         size_t n;
     } cases[] = {{a, 4 * u}, {a - u, 2 * u}, {a + 3 * u, 4 * u}, {a + u, u}, {m.get(), 16 * u}, {a + 4 * u - 1, 1}};
-    for (const auto& c : cases) EXPECT_EQ(hostregHostRegister(c.p, c.n, 0), hostregErrorHostMemoryAlreadyRegistered);
+    for (const auto& c : cases)
+        EXPECT_EQ(hostregHostRegister(c.p, c.n, 0), hostregErrorHostMemoryAlreadyRegistered);
     EXPECT_EQ(vendor_calls(profile().reg_symbol), before) << "overlap reached the runtime";
     EXPECT_STREQ(hostregGetErrorName(hostregErrorHostMemoryAlreadyRegistered), "cudaErrorHostMemoryAlreadyRegistered");
     EXPECT_EQ(hostregHostUnregister(a), hostregSuccess);
@@ -245,7 +246,8 @@ TEST_F(Conformance, RegistrationReallyLocksAndIsRecorded) {
     EXPECT_STREQ(r.backend, std::getenv("HOSTREG_BACKEND"));
     EXPECT_EQ(hostregIsRegistered(a + bytes - 1), 1);
     EXPECT_EQ(hostregIsRegistered(a + bytes), 0);
-    for (size_t i = 0; i < m.size(); ++i) ASSERT_EQ(m.get()[i], 0x5A) << "contents changed at " << i;
+    for (size_t i = 0; i < m.size(); ++i)
+        ASSERT_EQ(m.get()[i], 0x5A) << "contents changed at " << i;
     ASSERT_EQ(hostregHostUnregister(a), hostregSuccess);
     EXPECT_EQ(vmlck_kb(), vmlck0_);
 }
@@ -291,7 +293,8 @@ TEST_F(Conformance, SharedPageNeighboursStayLocked) {
     ASSERT_EQ(hostregHostRegister(a + first, 3 * page(), 0), hostregSuccess) << hrtest::last_message();
     EXPECT_EQ(vmlck_kb() - vmlck0_, hrtest::pages_kb(5));
     ASSERT_EQ(hostregHostUnregister(a), hostregSuccess);
-    EXPECT_EQ(vmlck_kb() - vmlck0_, hrtest::pages_kb(4)) << "the neighbour's pages, shared one included, must stay locked";
+    EXPECT_EQ(vmlck_kb() - vmlck0_, hrtest::pages_kb(4))
+        << "the neighbour's pages, shared one included, must stay locked";
     if (the_double().live && !is("ze")) {  // granule backends: the shared page, b's middle and tail
         EXPECT_EQ(the_double().live(), granule() > 1 ? 3 : 1);
     }
@@ -416,7 +419,8 @@ TEST_F(Conformance, CapabilitiesAreEnforced) {
     EXPECT_GT(std::strlen(caps.note), 0u);
     EXPECT_GE(caps.granule, 1u);
     if (profile().library_env) {
-        EXPECT_NE(std::string(caps.library).find(std::getenv(profile().library_env)), std::string::npos) << caps.library;
+        EXPECT_NE(std::string(caps.library).find(std::getenv(profile().library_env)), std::string::npos)
+            << caps.library;
     }
     Mapping m(2);
     for (unsigned bit = 1; bit <= 8; bit <<= 1) {

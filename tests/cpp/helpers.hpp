@@ -32,7 +32,7 @@ inline std::string last_message() {
 // Every test starts with no registration and must end with none: TearDown reports (and
 // then removes) any left behind, so tests stay independent in one process.
 class HostregTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         ASSERT_STREQ(hostregBackendName(), "posix");
         ASSERT_EQ(stats().registrations, 0u) << "a previous test leaked registrations";
@@ -45,7 +45,8 @@ protected:
         EXPECT_EQ(total, 0u) << "test left registrations behind";
         std::vector<hostregRegistration> regs(total);
         const size_t n = hostregListRegistrations(regs.data(), regs.size(), nullptr);
-        for (size_t i = 0; i < n; ++i) hostregHostUnregister(regs[i].base);
+        for (size_t i = 0; i < n; ++i)
+            hostregHostUnregister(regs[i].base);
     }
     long vmlck0_ = 0;  // VmLck at the start of the test
 };

@@ -117,7 +117,8 @@ long syscall(long number, ...) {
     va_list ap;
     va_start(ap, number);
     long a[6];
-    for (long& x : a) x = va_arg(ap, long);
+    for (long& x : a)
+        x = va_arg(ap, long);
     va_end(ap);
     if (number == SYS_mlock && fire(f_mlock)) {
         if (f_mlock.partial) next(SYS_mlock, a[0], static_cast<size_t>(a[1]) / 2);  // part of it, for real
@@ -142,7 +143,8 @@ using hrtest::vmlck_kb;
 int open_fds() {
     int n = 0;
     DIR* d = opendir("/proc/self/fd");
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    while (dirent* e = readdir(d))
+        n += e->d_name[0] != '.';
     closedir(d);
     return n;
 }
@@ -155,9 +157,10 @@ void arm(Fault& f, int nth, int err, bool partial = false) {
 }
 
 class Faults : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
-        for (Fault* f : {&f_thread, &f_madvise, &f_open_tmpfile, &f_ftruncate, &f_mlock, &f_memfd}) f->countdown = 0;
+        for (Fault* f : {&f_thread, &f_madvise, &f_open_tmpfile, &f_ftruncate, &f_mlock, &f_memfd})
+            f->countdown = 0;
         vmlck0_ = vmlck_kb();
         fds0_ = open_fds();
     }
@@ -192,7 +195,8 @@ size_t resident_pages(const char* p, size_t n) {
     std::vector<unsigned char> v((n + page() - 1) / page());
     if (mincore(const_cast<char*>(p), n, v.data()) != 0) return 0;
     size_t r = 0;
-    for (unsigned char c : v) r += c & 1;
+    for (unsigned char c : v)
+        r += c & 1;
     return r;
 }
 
@@ -210,7 +214,8 @@ TEST_F(Faults, RefusedPopulateThreadsDegradeToTheCallingThread) {
 TEST_F(Faults, RefusedCopyThreadsDegradeToTheCallingThread) {
     const size_t n = 64u << 20;
     std::vector<char> src(n), dst(n, 0);
-    for (size_t i = 0; i < n; i += 4096) src[i] = static_cast<char>(i >> 12);
+    for (size_t i = 0; i < n; i += 4096)
+        src[i] = static_cast<char>(i >> 12);
     for (int nth : {1, 2, 3}) {
         std::fill(dst.begin(), dst.end(), 0);
         void* d[] = {dst.data()};
@@ -326,8 +331,10 @@ TEST_F(Faults, EveryCallPointOfAStagingFailsCleanly) {
         int err;
         bool partial;
         bool degrades;  // the work completes anyway
-    } kinds[] = {{&f_mlock, ENOMEM, true, false}, {&f_madvise, ENOMEM, false, false},
-                 {&f_thread, EAGAIN, false, true}, {&f_open_tmpfile, ENFILE, false, false},
+    } kinds[] = {{&f_mlock, ENOMEM, true, false},
+                 {&f_madvise, ENOMEM, false, false},
+                 {&f_thread, EAGAIN, false, true},
+                 {&f_open_tmpfile, ENFILE, false, false},
                  {&f_ftruncate, EIO, false, false}};
     for (const Kind& k : kinds) {
         bool copied_unharmed = false;  // a buffer no fault reached is the same at every nth: copy into one

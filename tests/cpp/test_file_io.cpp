@@ -25,7 +25,8 @@ struct Buf {
     explicit Buf(size_t n, unsigned seed) : size(n) {
         EXPECT_EQ(posix_memalign(reinterpret_cast<void**>(&base), kBlock, n + kBlock), 0);
         std::mt19937 gen(seed);
-        for (size_t i = 0; i < n + kBlock; ++i) base[i] = static_cast<char>(gen());
+        for (size_t i = 0; i < n + kBlock; ++i)
+            base[i] = static_cast<char>(gen());
     }
     ~Buf() { std::free(base); }
     char* at(size_t shift) { return base + shift; }
@@ -48,7 +49,8 @@ struct TempFile {
         std::string s;
         int fd = ::open(path.c_str(), O_RDONLY);
         char b[65536];
-        for (ssize_t n; (n = read(fd, b, sizeof b)) > 0;) s.append(b, static_cast<size_t>(n));
+        for (ssize_t n; (n = read(fd, b, sizeof b)) > 0;)
+            s.append(b, static_cast<size_t>(n));
         close(fd);
         return s;
     }
@@ -71,7 +73,8 @@ Last last() {
 
 std::string expected(const std::vector<hostregFileSegment>& segs) {
     std::string s;
-    for (const auto& g : segs) s.append(static_cast<const char*>(g.memory), g.length);
+    for (const auto& g : segs)
+        s.append(static_cast<const char*>(g.memory), g.length);
     return s;
 }
 
@@ -106,8 +109,7 @@ TEST(FileIo, WriteWithDirectIoMakesExactlyTheSegmentsBytes) {
     int fd = f.open_for(O_WRONLY | O_TRUNC | O_DIRECT);
     ASSERT_GE(fd, 0) << strerror(errno);
     hostregFileStats st{};
-    ASSERT_EQ(hostregFileWrite(fd, l.segs.data(), l.segs.size(), nullptr, 0, 4, 1, &st), 0)
-        << last().message;
+    ASSERT_EQ(hostregFileWrite(fd, l.segs.data(), l.segs.size(), nullptr, 0, 4, 1, &st), 0) << last().message;
     close(fd);
     EXPECT_EQ(f.contents(), expected(l.segs));  // truncated to the real size, no padding left
     EXPECT_EQ(st.direct, 1);
@@ -137,7 +139,8 @@ TEST(FileIo, AFileWrittenInPartsIsTheirBytesInOrder) {
     std::vector<hostregFileSegment> one = l.segs, two;
     one.push_back({end1, start2 - end1, zeros.data()});
     Buf mem2{(3u << 20) + 8192, 4};
-    for (const auto& g : l.segs) two.push_back({start2 + g.file_offset, g.length, g.memory});
+    for (const auto& g : l.segs)
+        two.push_back({start2 + g.file_offset, g.length, g.memory});
     two[1].memory = mem2.at((start2 + two[1].file_offset) % kBlock);  // congruent again: direct
     TempFile f;
     const uint64_t old_size = 3 * start2;  // an older, longer file is written over in place
@@ -150,7 +153,8 @@ TEST(FileIo, AFileWrittenInPartsIsTheirBytesInOrder) {
     int fd = f.open_for(O_WRONLY | O_DIRECT);
     ASSERT_GE(fd, 0) << strerror(errno);
     hostregFileStats st{};
-    ASSERT_EQ(hostregFileWrite(fd, one.data(), one.size(), nullptr, 0, 4, HOSTREG_IO_MORE, nullptr), 0) << last().message;
+    ASSERT_EQ(hostregFileWrite(fd, one.data(), one.size(), nullptr, 0, 4, HOSTREG_IO_MORE, nullptr), 0)
+        << last().message;
     struct stat sb;
     ASSERT_EQ(fstat(fd, &sb), 0);
     EXPECT_EQ(static_cast<uint64_t>(sb.st_size), old_size);  // a part cuts nothing
@@ -285,7 +289,8 @@ TEST(FileIo, ManyTensorsBetweenSmallRecordsGoInFewLargeRequests) {
     want.clear();
     for (size_t i = 0; i < m.segs.size(); ++i) {
         const auto& s = m.segs[i];
-        char* mem = i % 3 == 1 ? back.at(i / 3 * ManyTensors::kTensor) : meta_back.at(i / 3 * 3 * kBlock + (i % 3 ? 2 * kBlock : 0));
+        char* mem = i % 3 == 1 ? back.at(i / 3 * ManyTensors::kTensor)
+                               : meta_back.at(i / 3 * 3 * kBlock + (i % 3 ? 2 * kBlock : 0));
         want.push_back({s.file_offset, s.length, mem});
     }
     fd = f.open_for(O_RDONLY | O_DIRECT);

@@ -19,17 +19,17 @@ using hostreg::PageShare;
 using hostreg::Piece;
 using hostreg::Status;
 
-constexpr uintptr_t G = 4096;     // the granule
+constexpr uintptr_t G = 4096;        // the granule
 constexpr uintptr_t B = 0x10000000;  // a granule-aligned base for the test's addresses
 
 struct Fake {
     std::vector<std::pair<uintptr_t, size_t>> registered, unregistered, shared;
     std::set<uintptr_t> live;
-    uintptr_t fail_at = 0;            // host_register of this address fails
-    uintptr_t gone_at = 0;            // host_unregister of this address answers 713 (runtime lost it)
-    uintptr_t refuse_at = 0;          // host_unregister of this address fails (2), keeping it
-    bool no_device = false;           // pieces get no device address
-    bool scatter = false;             // give each piece a device address of its own
+    uintptr_t fail_at = 0;    // host_register of this address fails
+    uintptr_t gone_at = 0;    // host_unregister of this address answers 713 (runtime lost it)
+    uintptr_t refuse_at = 0;  // host_unregister of this address fails (2), keeping it
+    bool no_device = false;   // pieces get no device address
+    bool scatter = false;     // give each piece a device address of its own
     uintptr_t next_device = 0x7000000000;
 };
 Fake* fake = nullptr;
@@ -41,8 +41,9 @@ Status reg(void* p, size_t n, unsigned, Piece* piece) {
     if (a == fake->fail_at) return Status::error(2, "fake failure");
     EXPECT_TRUE(fake->live.insert(a).second) << "registered twice: " << a;
     fake->registered.emplace_back(a, n);
-    piece->device = fake->no_device ? nullptr
-                                    : reinterpret_cast<void*>(fake->scatter ? (fake->next_device += 0x100000) : a + 0x100000000);
+    piece->device = fake->no_device
+                        ? nullptr
+                        : reinterpret_cast<void*>(fake->scatter ? (fake->next_device += 0x100000) : a + 0x100000000);
     return Status::ok();
 }
 Status unreg(void* p, size_t n, const Piece&) {
@@ -64,13 +65,15 @@ const hostreg::Probe& probe() {
 const Backend kFake = {"fake", probe, reg, unreg, share, nullptr, nullptr};
 
 class PageShareTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override { fake = &f_; }
     void TearDown() override {
         EXPECT_TRUE(f_.live.empty()) << "pieces left registered";
         fake = nullptr;
     }
-    Status acquire(uintptr_t lo, size_t bytes, Piece* mid, void** dev) { return ps_.acquire(kFake, lo, bytes, 0, G, mid, dev); }
+    Status acquire(uintptr_t lo, size_t bytes, Piece* mid, void** dev) {
+        return ps_.acquire(kFake, lo, bytes, 0, G, mid, dev);
+    }
     Status release(uintptr_t lo, size_t bytes, const Piece& mid) {
         bool released = false;
         Status s = ps_.release(kFake, lo, bytes, G, mid, &released);
@@ -123,7 +126,7 @@ TEST_F(PageShareTest, ARangeInsideOneGranuleIsOneEdge) {
 TEST_F(PageShareTest, NeighboursShareAnEdgeUntilTheLastLeaves) {
     Piece a, b;
     void* dev = nullptr;
-    ASSERT_TRUE(acquire(B + 10, G, &a, &dev).is_ok());      // edges B and B+G
+    ASSERT_TRUE(acquire(B + 10, G, &a, &dev).is_ok());        // edges B and B+G
     ASSERT_TRUE(acquire(B + G + 10, 100, &b, &dev).is_ok());  // inside granule B+G: shared
     EXPECT_EQ(f_.registered, (Calls{{B, G}, {B + G, G}})) << "the shared granule is registered once";
     EXPECT_EQ(f_.shared, (Calls{{B + G, G}})) << "the backend is told of the new holder";

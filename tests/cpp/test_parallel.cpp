@@ -54,7 +54,8 @@ TEST(RunParts, RunsEveryPartOnce) {
     for (size_t parts : {1, 2, 7, 64}) {
         std::vector<std::atomic<int>> ran(parts);
         run_parts(parts, [&](size_t i) { ran[i]++; });
-        for (size_t i = 0; i < parts; ++i) EXPECT_EQ(ran[i], 1) << parts << " parts, part " << i;
+        for (size_t i = 0; i < parts; ++i)
+            EXPECT_EQ(ran[i], 1) << parts << " parts, part " << i;
     }
 }
 
@@ -70,7 +71,8 @@ TEST(UsableCpus, FollowTheAffinityMaskNotTheMachine) {
     const unsigned all = hostreg::usable_cpus();
     EXPECT_EQ(all, static_cast<unsigned>(CPU_COUNT(&before)));
     int first = 0;
-    while (!CPU_ISSET(first, &before)) ++first;
+    while (!CPU_ISSET(first, &before))
+        ++first;
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(first, &one);

@@ -113,10 +113,10 @@ TEST_F(Posix, DataIsUnchanged) {
     Mapping m(9);
     ASSERT_NE(m.get(), nullptr);
     std::vector<unsigned char> pattern(m.size());
-    for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<unsigned char>(i * 131 + 7);
+    for (size_t i = 0; i < pattern.size(); ++i)
+        pattern[i] = static_cast<unsigned char>(i * 131 + 7);
     std::memcpy(m.get(), pattern.data(), m.size());
-    ASSERT_EQ(hostregHostRegister(m.get() + 33, 8 * page(), HOSTREG_HOST_REGISTER_MAPPED),
-              hostregSuccess);
+    ASSERT_EQ(hostregHostRegister(m.get() + 33, 8 * page(), HOSTREG_HOST_REGISTER_MAPPED), hostregSuccess);
     EXPECT_EQ(std::memcmp(m.get(), pattern.data(), m.size()), 0);
     m.get()[100] = 1;  // still writable
     pattern[100] = 1;
@@ -163,8 +163,7 @@ int rlimit_child() {
     if (vmlck_kb() != before) return 26;
     // 17 pages from an unaligned base: the 15 interior pages and the first page fit in the
     // limit, the last page does not; what was locked before the failure must be undone.
-    if (hostregHostRegister(big.get() + 10, 16 * page(), 0) != hostregErrorMemoryAllocation)
-        return 27;
+    if (hostregHostRegister(big.get() + 10, 16 * page(), 0) != hostregErrorMemoryAllocation) return 27;
     if (hostregIsRegistered(big.get() + 10) != 0) return 28;
     if (vmlck_kb() != before) return 29;
 

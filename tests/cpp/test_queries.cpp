@@ -102,8 +102,7 @@ TEST_F(Queries, HostGetDevicePointer) {
         EXPECT_EQ(dev, p + off);
     }
     EXPECT_EQ(hostregHostGetDevicePointer(&dev, p, 1), hostregErrorInvalidValue);
-    EXPECT_EQ(hostregHostGetDevicePointer(&dev, p, HOSTREG_HOST_REGISTER_MAPPED),
-              hostregErrorInvalidValue);
+    EXPECT_EQ(hostregHostGetDevicePointer(&dev, p, HOSTREG_HOST_REGISTER_MAPPED), hostregErrorInvalidValue);
     EXPECT_EQ(hostregHostGetDevicePointer(&dev, p + n, 0), hostregErrorInvalidValue);
     EXPECT_EQ(hostregHostGetDevicePointer(&dev, p - 1, 0), hostregErrorInvalidValue);
     EXPECT_EQ(hostregHostGetDevicePointer(nullptr, p, 0), hostregErrorInvalidValue);
@@ -150,7 +149,8 @@ TEST_F(Queries, ListRegistrations) {
     EXPECT_EQ(two[0].base, sorted[0]);
     EXPECT_EQ(two[1].base, sorted[1]);
 
-    for (char* b : bases) ASSERT_EQ(hostregHostUnregister(b), hostregSuccess);
+    for (char* b : bases)
+        ASSERT_EQ(hostregHostUnregister(b), hostregSuccess);
     EXPECT_EQ(hostregListRegistrations(out, 6, &total), 0u);
     EXPECT_EQ(total, 0u);
 }
@@ -192,8 +192,7 @@ TEST_F(Queries, Stats) {
     EXPECT_EQ(s.bytes_locked, 5 * page());
     EXPECT_EQ(vmlck_kb() - vmlck0_, pages_kb(5));
 
-    for (char* b : {p, p + 100, p + 200, p + page() + 10, m.page_at(5) + 4000 % page(),
-                    m.page_at(6)})
+    for (char* b : {p, p + 100, p + 200, p + page() + 10, m.page_at(5) + 4000 % page(), m.page_at(6)})
         ASSERT_EQ(hostregHostUnregister(b), hostregSuccess);
     s = stats();
     EXPECT_EQ(s.registrations, 0u);
@@ -239,11 +238,15 @@ TEST(ErrorNames, EveryCodeHasCudasNameAndMessage) {
     const struct {
         int code;
         const char* name;
-    } others[] = {{5, "cudaErrorProfilerDisabled"}, {36, "cudaErrorCallRequiresNewerDriver"},
-                  {46, "cudaErrorDevicesUnavailable"}, {201, "cudaErrorDeviceUninitialized"},
-                  {709, "cudaErrorContextIsDestroyed"}, {803, "cudaErrorSystemDriverMismatch"},
+    } others[] = {{5, "cudaErrorProfilerDisabled"},
+                  {36, "cudaErrorCallRequiresNewerDriver"},
+                  {46, "cudaErrorDevicesUnavailable"},
+                  {201, "cudaErrorDeviceUninitialized"},
+                  {709, "cudaErrorContextIsDestroyed"},
+                  {803, "cudaErrorSystemDriverMismatch"},
                   {804, "cudaErrorCompatNotSupportedOnDevice"}};
-    for (const auto& o : others) EXPECT_STREQ(hostregGetErrorName(o.code), o.name) << o.code;
+    for (const auto& o : others)
+        EXPECT_STREQ(hostregGetErrorName(o.code), o.name) << o.code;
     EXPECT_STREQ(hostregGetErrorString(201), "invalid device context");
     for (int code : {-1, 33, 998, 1000, 12345, 1 << 30}) {
         EXPECT_STREQ(hostregGetErrorName(code), "unrecognized error code") << code;
@@ -286,8 +289,7 @@ TEST_F(Queries, LastErrorDescribesTheFailure) {
     ASSERT_EQ(hostregHostRegister(m.get() + 200, 0, 0), hostregErrorInvalidValue);
     EXPECT_NE(last_message().find("byte"), std::string::npos) << last_message();
 
-    ASSERT_EQ(hostregHostRegister(m.get() + 200, 8, HOSTREG_HOST_REGISTER_IO_MEMORY),
-              hostregErrorNotSupported);
+    ASSERT_EQ(hostregHostRegister(m.get() + 200, 8, HOSTREG_HOST_REGISTER_IO_MEMORY), hostregErrorNotSupported);
     EXPECT_EQ(hostregGetLastError(nullptr, &msg), hostregErrorNotSupported);
     EXPECT_NE(std::string(msg).find("posix"), std::string::npos) << msg;
 
@@ -374,7 +376,7 @@ TEST(LogFormat, OneEventAsTheStderrLinesSayIt) {
     EXPECT_STREQ(out, "backend posix selected");
     char small[8];
     EXPECT_EQ(hostregFormatLogEvent("call", 0, 0, "a longer message", small, sizeof small), 22u);  // the whole length
-    EXPECT_STREQ(small, "call: a");                                                              // cut, NUL-terminated
+    EXPECT_STREQ(small, "call: a");  // cut, NUL-terminated
     EXPECT_EQ(hostregFormatLogEvent(nullptr, 0, 0, nullptr, nullptr, 0), 0u);
 }
 

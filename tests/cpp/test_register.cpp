@@ -42,8 +42,7 @@ TEST_F(Register, UnknownFlagBitsAnswer1) {
     for (unsigned bit = 4; bit < 32; ++bit) {
         const unsigned f = 1u << bit;
         EXPECT_EQ(hostregHostRegister(m.get(), 64, f), hostregErrorInvalidValue) << std::hex << f;
-        EXPECT_EQ(hostregHostRegister(m.get(), 64, f | HOSTREG_HOST_REGISTER_PORTABLE),
-                  hostregErrorInvalidValue)
+        EXPECT_EQ(hostregHostRegister(m.get(), 64, f | HOSTREG_HOST_REGISTER_PORTABLE), hostregErrorInvalidValue)
             << std::hex << f;
     }
     EXPECT_EQ(hostregHostRegister(m.get(), 64, 0x80000000u), hostregErrorInvalidValue);
@@ -55,10 +54,8 @@ TEST_F(Register, UnknownFlagBitsAnswer1) {
 TEST_F(Register, IoMemoryNotSupportedOnPosix) {
     Mapping m(1);
     ASSERT_NE(m.get(), nullptr);
-    EXPECT_EQ(hostregHostRegister(m.get(), 64, HOSTREG_HOST_REGISTER_IO_MEMORY),
-              hostregErrorNotSupported);
-    EXPECT_EQ(hostregHostRegister(m.get(), 64,
-                                  HOSTREG_HOST_REGISTER_IO_MEMORY | HOSTREG_HOST_REGISTER_MAPPED),
+    EXPECT_EQ(hostregHostRegister(m.get(), 64, HOSTREG_HOST_REGISTER_IO_MEMORY), hostregErrorNotSupported);
+    EXPECT_EQ(hostregHostRegister(m.get(), 64, HOSTREG_HOST_REGISTER_IO_MEMORY | HOSTREG_HOST_REGISTER_MAPPED),
               hostregErrorNotSupported);
     EXPECT_EQ(hostregGetLastError(nullptr, nullptr), hostregErrorNotSupported);
     expect_unrecorded(m.get());
@@ -74,8 +71,7 @@ TEST_F(Register, SupportedFlagsAccepted) {
         HOSTREG_HOST_REGISTER_READ_ONLY,
         HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED,
         HOSTREG_HOST_REGISTER_MAPPED | HOSTREG_HOST_REGISTER_READ_ONLY,
-        HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED |
-            HOSTREG_HOST_REGISTER_READ_ONLY,
+        HOSTREG_HOST_REGISTER_PORTABLE | HOSTREG_HOST_REGISTER_MAPPED | HOSTREG_HOST_REGISTER_READ_ONLY,
     };
     Mapping m(2);
     ASSERT_NE(m.get(), nullptr);
@@ -92,8 +88,7 @@ TEST_F(Register, SupportedFlagsAccepted) {
 TEST_F(Register, ReadOnlyOnReadOnlyMapping) {
     Mapping m(3, PROT_READ);
     ASSERT_NE(m.get(), nullptr);
-    ASSERT_EQ(hostregHostRegister(m.get(), m.size(), HOSTREG_HOST_REGISTER_READ_ONLY),
-              hostregSuccess);
+    ASSERT_EQ(hostregHostRegister(m.get(), m.size(), HOSTREG_HOST_REGISTER_READ_ONLY), hostregSuccess);
     EXPECT_EQ(vmlck_kb() - vmlck0_, pages_kb(3));
     EXPECT_EQ(hostregHostUnregister(m.get()), hostregSuccess);
     EXPECT_EQ(vmlck_kb(), vmlck0_);
@@ -153,9 +148,9 @@ TEST_F(Register, AdjacentRangesSucceed) {
     Mapping m(4);
     ASSERT_NE(m.get(), nullptr);
     char* p = m.get();
-    ASSERT_EQ(hostregHostRegister(p + 100, 100, 0), hostregSuccess);  // [p+100, p+200)
-    EXPECT_EQ(hostregHostRegister(p, 100, 0), hostregSuccess);        // [p, p+100) left of it
-    EXPECT_EQ(hostregHostRegister(p + 200, 1, 0), hostregSuccess);    // one byte right of it
+    ASSERT_EQ(hostregHostRegister(p + 100, 100, 0), hostregSuccess);         // [p+100, p+200)
+    EXPECT_EQ(hostregHostRegister(p, 100, 0), hostregSuccess);               // [p, p+100) left of it
+    EXPECT_EQ(hostregHostRegister(p + 200, 1, 0), hostregSuccess);           // one byte right of it
     EXPECT_EQ(hostregHostRegister(p + 201, 2 * page(), 0), hostregSuccess);  // across pages
     EXPECT_EQ(hostregHostRegister(p + 201 + 2 * page(), page(), 0), hostregSuccess);
     EXPECT_EQ(stats().registrations, 5u);
@@ -181,7 +176,7 @@ TEST_F(Register, UnmappedMemoryAnswers1) {
     EXPECT_EQ(hostregGetLastError(&native, nullptr), hostregErrorInvalidValue);
     EXPECT_EQ(native, ENOMEM);
     EXPECT_NE(last_message().find("mapped"), std::string::npos) << last_message();
-    EXPECT_EQ(hostregHostRegister(hole + 10, 20, 0), hostregErrorInvalidValue);  // one page
+    EXPECT_EQ(hostregHostRegister(hole + 10, 20, 0), hostregErrorInvalidValue);      // one page
     EXPECT_EQ(hostregHostRegister(hole + 10, page(), 0), hostregErrorInvalidValue);  // two
     expect_unrecorded(hole);
     EXPECT_EQ(vmlck_kb(), vmlck0_);
@@ -192,8 +187,7 @@ TEST_F(Register, UnmappedMemoryAnswers1) {
 // Each case maps n pages, unmaps the pages [hole, hole + holes), registers
 // [base + lead, end - trail) and checks nothing was recorded or locked.
 namespace {
-void partly_mapped_case(long vmlck0, size_t n, size_t hole, size_t holes, size_t lead,
-                        size_t trail) {
+void partly_mapped_case(long vmlck0, size_t n, size_t hole, size_t holes, size_t lead, size_t trail) {
     void* p = mmap(nullptr, n * page(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(p, MAP_FAILED);
     char* base = static_cast<char*>(p);
@@ -240,7 +234,7 @@ TEST_F(Register, UnregisterRules) {
     ASSERT_EQ(hostregHostRegister(p, 2 * page(), 0), hostregSuccess);
     EXPECT_EQ(hostregHostUnregister(p + 1), hostregErrorHostMemoryNotRegistered);  // interior
     EXPECT_EQ(hostregHostUnregister(p + page()), hostregErrorHostMemoryNotRegistered);
-    EXPECT_EQ(hostregHostUnregister(p - 1), hostregErrorHostMemoryNotRegistered);  // before
+    EXPECT_EQ(hostregHostUnregister(p - 1), hostregErrorHostMemoryNotRegistered);    // before
     EXPECT_EQ(hostregHostUnregister(m.get()), hostregErrorHostMemoryNotRegistered);  // page start
     EXPECT_EQ(hostregIsRegistered(p), 1) << "a failed unregister must not remove anything";
     EXPECT_EQ(hostregHostUnregister(p), hostregSuccess);

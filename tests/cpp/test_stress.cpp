@@ -28,25 +28,29 @@ void race(Fn fn) {
     for (int t = 0; t < kThreads; ++t)
         ts.emplace_back([&, t] {
             ready.fetch_add(1);
-            while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+            while (!go.load(std::memory_order_acquire))
+                std::this_thread::yield();
             fn(t);
         });
-    while (ready.load() < kThreads) std::this_thread::yield();
+    while (ready.load() < kThreads)
+        std::this_thread::yield();
     go.store(true, std::memory_order_release);
-    for (auto& th : ts) th.join();
+    for (auto& th : ts)
+        th.join();
 }
 
 // Distinct pages touched by the given [base, base+bytes) ranges, in bytes.
 size_t locked_bytes(const std::vector<std::pair<uintptr_t, size_t>>& ranges) {
     std::set<uintptr_t> pages;
     for (const auto& [b, n] : ranges)
-        for (uintptr_t pg = b / page(); pg <= (b + n - 1) / page(); ++pg) pages.insert(pg);
+        for (uintptr_t pg = b / page(); pg <= (b + n - 1) / page(); ++pg)
+            pages.insert(pg);
     return pages.size() * page();
 }
 
 struct Slot {
-    size_t lo, hi;        // the slot: [lo, hi) offsets into the buffer
-    bool live = false;    // a registration of [lo + off, lo + off + bytes) is live
+    size_t lo, hi;      // the slot: [lo, hi) offsets into the buffer
+    bool live = false;  // a registration of [lo + off, lo + off + bytes) is live
     size_t off = 0, bytes = 0;
     unsigned flags = 0;
 };
@@ -83,7 +87,8 @@ TEST_F(Stress, RandomOperationsOnPageSharingSlots) {
             if (!ok) failures.fetch_add(1);
         };
         std::vector<size_t> mine;
-        for (size_t i = t; i < slots.size(); i += kThreads) mine.push_back(i);
+        for (size_t i = t; i < slots.size(); i += kThreads)
+            mine.push_back(i);
         for (int op = 0; op < 2000; ++op) {
             Slot& s = slots[mine[pick(0, mine.size() - 1)]];
             const size_t len = s.hi - s.lo;
@@ -97,8 +102,7 @@ TEST_F(Stress, RandomOperationsOnPageSharingSlots) {
                     check(rc == hostregSuccess);
                     s.live = rc == hostregSuccess;
                 } else if (what < 8) {
-                    check(hostregHostUnregister(buf + s.lo + pick(0, len - 1)) ==
-                          hostregErrorHostMemoryNotRegistered);
+                    check(hostregHostUnregister(buf + s.lo + pick(0, len - 1)) == hostregErrorHostMemoryNotRegistered);
                 } else {
                     check(hostregIsRegistered(buf + s.lo + pick(0, len - 1)) == 0);
                     check(hostregHostRegister(buf + s.lo, len, HOSTREG_HOST_REGISTER_IO_MEMORY) ==
@@ -110,19 +114,17 @@ TEST_F(Stress, RandomOperationsOnPageSharingSlots) {
             if (what < 4) {  // unregister it
                 check(hostregHostUnregister(base) == hostregSuccess);
                 s.live = false;
-            } else if (what < 6) {  // any range of the slot touching it is refused
+            } else if (what < 6) {                               // any range of the slot touching it is refused
                 const size_t in = s.off + pick(0, s.bytes - 1);  // a byte of the registration
                 const size_t lo = pick(0, in), hi = pick(in + 1, len);
-                check(hostregHostRegister(buf + s.lo + lo, hi - lo, 0) ==
-                      hostregErrorHostMemoryAlreadyRegistered);
+                check(hostregHostRegister(buf + s.lo + lo, hi - lo, 0) == hostregErrorHostMemoryAlreadyRegistered);
                 if (s.bytes > 1)
-                    check(hostregHostUnregister(base + pick(1, s.bytes - 1)) ==
-                          hostregErrorHostMemoryNotRegistered);
+                    check(hostregHostUnregister(base + pick(1, s.bytes - 1)) == hostregErrorHostMemoryNotRegistered);
             } else if (what < 8) {  // queries agree with the model
                 char* q = base + pick(0, s.bytes - 1);
                 hostregRegistration r{};
-                check(hostregPointerGetRegistration(q, &r) == hostregSuccess && r.base == base &&
-                      r.bytes == s.bytes && r.flags == s.flags && r.device_ptr == base);
+                check(hostregPointerGetRegistration(q, &r) == hostregSuccess && r.base == base && r.bytes == s.bytes &&
+                      r.flags == s.flags && r.device_ptr == base);
                 unsigned f = ~0u;
                 check(hostregHostGetFlags(&f, q) == hostregSuccess && f == s.flags);
                 void* dev = nullptr;
@@ -233,7 +235,8 @@ TEST_F(Stress, SameRangeHasExactlyOneWinner) {
         ASSERT_EQ(stats().registrations, 1u);
         ASSERT_EQ(vmlck_kb() - vmlck0_, pages_kb(257)) << "round " << round;
 
-        for (auto& r : results) r = 0;
+        for (auto& r : results)
+            r = 0;
         race([&](int) {
             const int rc = hostregHostUnregister(p);
             results[rc == 0 ? 0 : rc == hostregErrorHostMemoryNotRegistered ? 1 : 2]++;

@@ -158,7 +158,8 @@ aclError driver_register(uintptr_t base, uint64_t size, uint32_t flag, const cha
     reg.kind = kind;
     int error = 0;
     switch (registry().add(reg, &error)) {
-        case Registry::Result::Ok: return ACL_SUCCESS;
+        case Registry::Result::Ok:
+            return ACL_SUCCESS;
         case Registry::Result::Overlap:
             return fail(ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED, function, "driver: busy: [%p, +%llu) is registered",
                         reinterpret_cast<void*>(base), static_cast<unsigned long long>(size));
@@ -186,7 +187,8 @@ HRD_EXPORT aclError aclFinalize(void) {
     std::lock_guard<std::mutex> lock(g_mu);
     if (!g_initialized) return fail(ACL_ERROR_UNINITIALIZE, __func__, "aclInit was not called");
     g_initialized = false;
-    for (int& refs : g_device_refs) refs = 0;
+    for (int& refs : g_device_refs)
+        refs = 0;
     return ACL_SUCCESS;
 }
 

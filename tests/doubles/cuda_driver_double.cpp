@@ -96,19 +96,16 @@ constexpr ErrorText kErrors[] = {
     {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
-    {712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
-     "part or all of the requested memory range is already mapped"},
-    {713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
-     "pointer does not correspond to a registered memory region"},
+    {712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "part or all of the requested memory range is already mapped"},
+    {713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region"},
     {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
-
 // --- driver state -----------------------------------------------------------------------
 
-std::mutex g_mu;               // guards g_initialized and g_retains
+std::mutex g_mu;  // guards g_initialized and g_retains
 bool g_initialized = false;
 int g_retains[kMaxDevices] = {};
 CUctx_st g_primary[kMaxDevices];
@@ -307,9 +304,12 @@ HRD_EXPORT CUresult cuMemHostRegister_v2(void* ptr, size_t bytes, unsigned flags
     reg.device = base + kDeviceOffset;
     reg.owner = current_context();
     switch (registry().add(reg, nullptr)) {
-        case Registry::Result::Ok: return CUDA_SUCCESS;
-        case Registry::Result::Overlap: return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-        default: return CUDA_ERROR_OUT_OF_MEMORY;  // mlock failed
+        case Registry::Result::Ok:
+            return CUDA_SUCCESS;
+        case Registry::Result::Overlap:
+            return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+        default:
+            return CUDA_ERROR_OUT_OF_MEMORY;  // mlock failed
     }
 }
 

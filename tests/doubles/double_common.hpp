@@ -57,12 +57,8 @@ inline uintptr_t page_up(uintptr_t a) { return page_down(a + page_size() - 1); }
 // mlock(2)/munlock(2) through syscall(2): ASan/TSan/MSan intercept the libc wrappers and
 // turn them into no-ops, which would make a sanitizer build of the double lie about
 // locking. Both return 0 or -1 with errno set.
-inline int lock_pages(uintptr_t lo, uintptr_t hi) {
-    return static_cast<int>(syscall(SYS_mlock, lo, hi - lo));
-}
-inline int unlock_pages(uintptr_t lo, uintptr_t hi) {
-    return static_cast<int>(syscall(SYS_munlock, lo, hi - lo));
-}
+inline int lock_pages(uintptr_t lo, uintptr_t hi) { return static_cast<int>(syscall(SYS_mlock, lo, hi - lo)); }
+inline int unlock_pages(uintptr_t lo, uintptr_t hi) { return static_cast<int>(syscall(SYS_munlock, lo, hi - lo)); }
 
 // True when [base, base + bytes) runs past the end of the address space (or so close to it
 // that rounding the end up to a page would).
@@ -114,7 +110,7 @@ inline bool knob_on(const char* name) {
 // Call recording
 
 class Recorder {
-public:
+  public:
     void call(const char* function) {
         std::lock_guard<std::mutex> lock(mu_);
         ++calls_[function];
@@ -130,7 +126,8 @@ public:
         std::lock_guard<std::mutex> lock(mu_);
         if (!function) {
             long total = 0;
-            for (const auto& entry : calls_) total += entry.second;
+            for (const auto& entry : calls_)
+                total += entry.second;
             return total;
         }
         auto it = calls_.find(function);
@@ -153,7 +150,7 @@ public:
         flags_log_.clear();
     }
 
-private:
+  private:
     mutable std::mutex mu_;
     std::map<std::string, long> calls_;
     unsigned last_flags_ = 0;
@@ -175,15 +172,15 @@ inline Recorder& recorder() {
 struct Registration {
     uintptr_t base = 0;
     size_t bytes = 0;
-    unsigned flags = 0;      // raw flags (or V1 type) as the vendor call received them
-    uintptr_t device = 0;    // device address of base; 0 when the vendor maps none
-    uintptr_t owner = 0;     // who made it (CUDA: the context); 0 if the vendor has no notion
-    bool locked = true;      // false: recorded only, no page locked
-    const char* kind = "";   // static text, e.g. "io-memory" (HIP), "pinned" (ACL)
+    unsigned flags = 0;     // raw flags (or V1 type) as the vendor call received them
+    uintptr_t device = 0;   // device address of base; 0 when the vendor maps none
+    uintptr_t owner = 0;    // who made it (CUDA: the context); 0 if the vendor has no notion
+    bool locked = true;     // false: recorded only, no page locked
+    const char* kind = "";  // static text, e.g. "io-memory" (HIP), "pinned" (ACL)
 };
 
 class Registry {
-public:
+  public:
     enum class Result {
         Ok,
         Overlap,     // some byte of the range is already registered
@@ -265,7 +262,7 @@ public:
         return overlapping(lo, hi);
     }
 
-private:
+  private:
     bool overlapping(uintptr_t lo, uintptr_t hi) const {
         for (const auto& [base, r] : regs_)
             if (base < hi && base + r.bytes > lo) return true;
@@ -309,15 +306,11 @@ inline Registry& registry() {
 
 // How many times the exported vendor function `symbol` was called since the last reset
 // (all vendor functions together when symbol is NULL).
-HRD_EXPORT long hostreg_double_calls(const char* symbol) {
-    return hostreg_double::recorder().calls(symbol);
-}
+HRD_EXPORT long hostreg_double_calls(const char* symbol) { return hostreg_double::recorder().calls(symbol); }
 
 // The raw flags (AscendCL V1: the type) of the last register call, valid or not; 0 if none
 // since the last reset.
-HRD_EXPORT unsigned hostreg_double_last_flags(void) {
-    return hostreg_double::recorder().last_flags();
-}
+HRD_EXPORT unsigned hostreg_double_last_flags(void) { return hostreg_double::recorder().last_flags(); }
 
 // Live registrations in the double.
 HRD_EXPORT long hostreg_double_live(void) { return hostreg_double::registry().live(); }

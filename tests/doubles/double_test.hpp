@@ -47,14 +47,14 @@ using hrtest::vmlck_kb;
 
 // Three pages with the middle one unmapped: mlock of the whole range fails (ENOMEM).
 class Holey {
-public:
+  public:
     Holey() : map_(3) {
         if (map_.get()) munmap(map_.get() + page(), page());
     }
     char* get() const { return map_.get(); }
     size_t size() const { return 3 * page(); }
 
-private:
+  private:
     Mapping map_;
 };
 
@@ -65,7 +65,7 @@ private:
 // $TMPDIR (or /tmp), else, where that is not usable (e.g. mounted noexec), beside the
 // original. Never unloaded.
 class Lib {
-public:
+  public:
     explicit Lib(const std::string& path) {
         std::ifstream in(path, std::ios::binary);
         const std::string image((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -87,9 +87,7 @@ public:
     long calls(const char* symbol) const {
         return reinterpret_cast<long (*)(const char*)>(sym("hostreg_double_calls"))(symbol);
     }
-    unsigned last_flags() const {
-        return reinterpret_cast<unsigned (*)()>(sym("hostreg_double_last_flags"))();
-    }
+    unsigned last_flags() const { return reinterpret_cast<unsigned (*)()>(sym("hostreg_double_last_flags"))(); }
     long live() const { return reinterpret_cast<long (*)()>(sym("hostreg_double_live"))(); }
     void reset() const { reinterpret_cast<void (*)()>(sym("hostreg_double_reset"))(); }
     std::vector<unsigned> flags_log() const {
@@ -103,7 +101,7 @@ public:
         return k ? k : "<unregistered>";
     }
 
-private:
+  private:
     // Writes image to <parent>/hostreg_double_XXXXXX/<name>, dlopens it, removes the file.
     bool load_copy(const std::string& image, const std::string& parent, const std::string& name) {
         std::string dir = parent + "/hostreg_double_XXXXXX";
@@ -128,9 +126,9 @@ private:
 };
 
 // Loads the function `name` of the fixture's `lib_` into the member of the same name.
-#define LOAD(name)                                                            \
-    do {                                                                      \
-        name = reinterpret_cast<decltype(name)>(lib_->sym(#name));            \
+#define LOAD(name)                                                             \
+    do {                                                                       \
+        name = reinterpret_cast<decltype(name)>(lib_->sym(#name));             \
         ASSERT_NE(reinterpret_cast<void*>(name), nullptr) << #name " missing"; \
     } while (0)
 
@@ -140,9 +138,10 @@ const char* const kKnobs[] = {"HOSTREG_DOUBLE_DEVICES", "HOSTREG_DOUBLE_STUB", "
 // Common fixture: a fresh double, knobs unset, the VmLck baseline, and at the end the
 // promise that the test left no registration (and so no lock) behind.
 class DoubleTest : public ::testing::Test {
-protected:
+  protected:
     void open(const char* path) {
-        for (const char* knob : kKnobs) unsetenv(knob);
+        for (const char* knob : kKnobs)
+            unsetenv(knob);
         lib_ = std::make_unique<Lib>(path);
         ASSERT_TRUE(lib_->loaded()) << lib_->error();
         vmlck0_ = vmlck_kb();
@@ -152,7 +151,8 @@ protected:
         if (lib_ && lib_->loaded()) {
             EXPECT_EQ(lib_->live(), 0) << "test left registrations behind";
         }
-        for (const char* knob : kKnobs) unsetenv(knob);
+        for (const char* knob : kKnobs)
+            unsetenv(knob);
     }
     long locked_kb() const { return vmlck_kb() - vmlck0_; }
 
@@ -187,9 +187,9 @@ inline std::set<std::string> defined_exports(const std::string& path) {
     return out;
 }
 
-inline const std::vector<std::string> kInspection = {
-    "hostreg_double_calls", "hostreg_double_last_flags", "hostreg_double_live",
-    "hostreg_double_reset", "hostreg_double_flags_log",  "hostreg_double_kind"};
+inline const std::vector<std::string> kInspection = {"hostreg_double_calls",     "hostreg_double_last_flags",
+                                                     "hostreg_double_live",      "hostreg_double_reset",
+                                                     "hostreg_double_flags_log", "hostreg_double_kind"};
 
 inline void expect_exports(const char* path, std::vector<std::string> vendor) {
     vendor.insert(vendor.end(), kInspection.begin(), kInspection.end());
@@ -197,7 +197,8 @@ inline void expect_exports(const char* path, std::vector<std::string> vendor) {
     EXPECT_EQ(defined_exports(path), expected) << path;
     void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);  // the build path itself
     ASSERT_NE(h, nullptr) << dlerror();
-    for (const std::string& name : expected) EXPECT_NE(dlsym(h, name.c_str()), nullptr) << name;
+    for (const std::string& name : expected)
+        EXPECT_NE(dlsym(h, name.c_str()), nullptr) << name;
 }
 
 }  // namespace hrd_test

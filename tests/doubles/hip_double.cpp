@@ -54,9 +54,8 @@ constexpr unsigned hipHostRegisterMapped = 0x2u;
 constexpr unsigned hipHostRegisterIoMemory = 0x4u;
 constexpr unsigned hipHostRegisterReadOnly = 0x8u;  // == hipExtHostRegisterCoarseGrained; ignored
 constexpr unsigned hipExtHostRegisterUncached = 0x80000000u;
-constexpr unsigned kKnownFlags = hipHostRegisterPortable | hipHostRegisterMapped |
-                                 hipHostRegisterIoMemory | hipHostRegisterReadOnly |
-                                 hipExtHostRegisterUncached;
+constexpr unsigned kKnownFlags = hipHostRegisterPortable | hipHostRegisterMapped | hipHostRegisterIoMemory |
+                                 hipHostRegisterReadOnly | hipExtHostRegisterUncached;
 
 // HIP_VERSION style: major * 10000000 + minor * 100000 + patch (here ROCm 6.4).
 constexpr int kRuntimeVersion = 60443483;
@@ -72,10 +71,8 @@ constexpr ErrorText kErrors[] = {
     {100, "hipErrorNoDevice", "no ROCm-capable device is detected"},
     {101, "hipErrorInvalidDevice", "invalid device ordinal"},
     {201, "hipErrorInvalidContext", "invalid device context"},
-    {712, "hipErrorHostMemoryAlreadyRegistered",
-     "part or all of the requested memory range is already mapped"},
-    {713, "hipErrorHostMemoryNotRegistered",
-     "pointer does not correspond to a registered memory region"},
+    {712, "hipErrorHostMemoryAlreadyRegistered", "part or all of the requested memory range is already mapped"},
+    {713, "hipErrorHostMemoryNotRegistered", "pointer does not correspond to a registered memory region"},
     {801, "hipErrorNotSupported", "operation not supported"},
     {999, "hipErrorUnknown", "unknown error"},
 };

@@ -57,10 +57,8 @@ constexpr ErrorText kErrors[] = {
     {35, "musaErrorInsufficientDriver", "MUSA driver version is insufficient for MUSA runtime version"},
     {100, "musaErrorNoDevice", "no MUSA-capable device is detected"},
     {101, "musaErrorInvalidDevice", "invalid device ordinal"},
-    {712, "musaErrorHostMemoryAlreadyRegistered",
-     "part or all of the requested memory range is already mapped"},
-    {713, "musaErrorHostMemoryNotRegistered",
-     "pointer does not correspond to a registered memory region"},
+    {712, "musaErrorHostMemoryAlreadyRegistered", "part or all of the requested memory range is already mapped"},
+    {713, "musaErrorHostMemoryNotRegistered", "pointer does not correspond to a registered memory region"},
     {801, "musaErrorNotSupported", "operation not supported"},
     {999, "musaErrorUnknown", "unknown error"},
 };
@@ -108,9 +106,12 @@ HRD_EXPORT musaError_t musaHostRegister(void* ptr, size_t bytes, unsigned flags)
     reg.flags = flags;
     reg.device = base + kDeviceOffset;
     switch (registry().add(reg, nullptr)) {
-        case Registry::Result::Ok: return musaSuccess;
-        case Registry::Result::Overlap: return musaErrorHostMemoryAlreadyRegistered;
-        default: return musaErrorMemoryAllocation;  // mlock failed
+        case Registry::Result::Ok:
+            return musaSuccess;
+        case Registry::Result::Overlap:
+            return musaErrorHostMemoryAlreadyRegistered;
+        default:
+            return musaErrorMemoryAllocation;  // mlock failed
     }
 }
 

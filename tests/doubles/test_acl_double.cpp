@@ -5,12 +5,22 @@ namespace {
 
 using namespace hrd_test;
 
-const std::vector<std::string> kAclV1Symbols = {
-    "aclInit", "aclFinalize", "aclrtSetDevice", "aclrtResetDevice", "aclrtGetDevice",
-    "aclrtGetDeviceCount", "aclrtHostRegister", "aclrtHostGetDevicePointer",
-    "aclrtHostUnregister", "aclGetRecentErrMsg", "aclrtGetVersion", "hostreg_double_acl_pinned_records",
-    "hostreg_double_acl_device_of", "hostreg_double_acl_context_refs", "aclrtGetCurrentContext",
-    "aclrtSetCurrentContext"};
+const std::vector<std::string> kAclV1Symbols = {"aclInit",
+                                                "aclFinalize",
+                                                "aclrtSetDevice",
+                                                "aclrtResetDevice",
+                                                "aclrtGetDevice",
+                                                "aclrtGetDeviceCount",
+                                                "aclrtHostRegister",
+                                                "aclrtHostGetDevicePointer",
+                                                "aclrtHostUnregister",
+                                                "aclGetRecentErrMsg",
+                                                "aclrtGetVersion",
+                                                "hostreg_double_acl_pinned_records",
+                                                "hostreg_double_acl_device_of",
+                                                "hostreg_double_acl_context_refs",
+                                                "aclrtGetCurrentContext",
+                                                "aclrtSetCurrentContext"};
 
 TEST(DoubleExports, AclWithV2) {
     std::vector<std::string> symbols = kAclV1Symbols;
@@ -31,7 +41,7 @@ constexpr size_t k64K = 64 * 1024;
 constexpr uint32_t kMapped = 0x2, kIoMemory = 0x4, kReadOnly = 0x8, kPinned = 0x10000000;
 
 class AclDoubleBase : public DoubleTest {
-protected:
+  protected:
     void load_acl(const char* path) {
         ASSERT_NO_FATAL_FAILURE(open(path));
         LOAD(aclInit);
@@ -70,7 +80,7 @@ protected:
 };
 
 class AclDouble : public AclDoubleBase {
-protected:
+  protected:
     void SetUp() override {
         ASSERT_NO_FATAL_FAILURE(load_acl(HOSTREG_DOUBLE_ACL_PATH));
         LOAD(aclrtHostRegisterV2);
@@ -368,7 +378,8 @@ TEST_F(AclDouble, DevicePointerOnlyAtTheBaseOfAMappedRegistration) {
     EXPECT_EQ(aclrtHostGetDevicePointer(v2_pinned, &d, 0), 107000);
     EXPECT_EQ(aclrtHostGetDevicePointer(v1, &d, 1), 100000);
 
-    for (char* p : {v1, v2_mapped, v2_pinned}) ASSERT_EQ(aclrtHostUnregister(p), 0);
+    for (char* p : {v1, v2_mapped, v2_pinned})
+        ASSERT_EQ(aclrtHostUnregister(p), 0);
     EXPECT_EQ(aclrtHostGetDevicePointer(v1, &d, 0), 107000);
 }
 
@@ -436,7 +447,7 @@ TEST_F(AclDouble, GetVersion) {
 
 // The older-CANN build: V1 only, same rules.
 class AclV1Double : public AclDoubleBase {
-protected:
+  protected:
     void SetUp() override { ASSERT_NO_FATAL_FAILURE(load_acl(HOSTREG_DOUBLE_ACL_V1_PATH)); }
 };
 

@@ -6,12 +6,12 @@ namespace {
 using namespace hrd_test;
 
 TEST(DoubleExports, CudaDriver) {
-    expect_exports(HOSTREG_DOUBLE_CUDA_PATH,
-                   {"cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetAttribute",
-                    "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuCtxGetCurrent",
-                    "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxGetDevice",
-                    "cuMemHostRegister_v2", "cuMemHostUnregister", "cuMemHostGetDevicePointer_v2",
-                    "cuMemHostGetFlags", "cuGetErrorName", "cuGetErrorString"});
+    expect_exports(
+        HOSTREG_DOUBLE_CUDA_PATH,
+        {"cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetAttribute",
+         "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuCtxGetCurrent", "cuCtxSetCurrent",
+         "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxGetDevice", "cuMemHostRegister_v2", "cuMemHostUnregister",
+         "cuMemHostGetDevicePointer_v2", "cuMemHostGetFlags", "cuGetErrorName", "cuGetErrorString"});
 }
 
 typedef int CUresult;
@@ -22,7 +22,7 @@ typedef unsigned long long CUdeviceptr;
 constexpr unsigned long long kCudaOffset = 0x100000000000ull;
 
 class CudaDouble : public DoubleTest {
-protected:
+  protected:
     void SetUp() override {
         ASSERT_NO_FATAL_FAILURE(open(HOSTREG_DOUBLE_CUDA_PATH));
         LOAD(cuInit);
@@ -350,18 +350,19 @@ TEST_F(CudaDouble, AnyOverlapIsAlreadyRegistered) {
     Mapping m(Bytes{5 * page()});
     char* p = m.get();
     const size_t pg = page();
-    ASSERT_EQ(cuMemHostRegister_v2(p + pg, 2 * pg, 0), 0);  // [1, 3) pages
-    EXPECT_EQ(cuMemHostRegister_v2(p + pg, 2 * pg, 0), 712);       // exact repeat
-    EXPECT_EQ(cuMemHostRegister_v2(p + pg, 1, 0), 712);            // same base, shorter
-    EXPECT_EQ(cuMemHostRegister_v2(p, pg + 1, 0), 712);            // front overlap
-    EXPECT_EQ(cuMemHostRegister_v2(p + 3 * pg - 1, pg, 0), 712);   // back overlap
-    EXPECT_EQ(cuMemHostRegister_v2(p + pg + 10, 10, 0), 712);      // inside
-    EXPECT_EQ(cuMemHostRegister_v2(p, 5 * pg, 0), 712);            // containing
+    ASSERT_EQ(cuMemHostRegister_v2(p + pg, 2 * pg, 0), 0);        // [1, 3) pages
+    EXPECT_EQ(cuMemHostRegister_v2(p + pg, 2 * pg, 0), 712);      // exact repeat
+    EXPECT_EQ(cuMemHostRegister_v2(p + pg, 1, 0), 712);           // same base, shorter
+    EXPECT_EQ(cuMemHostRegister_v2(p, pg + 1, 0), 712);           // front overlap
+    EXPECT_EQ(cuMemHostRegister_v2(p + 3 * pg - 1, pg, 0), 712);  // back overlap
+    EXPECT_EQ(cuMemHostRegister_v2(p + pg + 10, 10, 0), 712);     // inside
+    EXPECT_EQ(cuMemHostRegister_v2(p, 5 * pg, 0), 712);           // containing
     EXPECT_EQ(lib_->live(), 1);
     ASSERT_EQ(cuMemHostRegister_v2(p, pg, 0), 0);           // touching below
     ASSERT_EQ(cuMemHostRegister_v2(p + 3 * pg, pg, 0), 0);  // touching above
     EXPECT_EQ(lib_->live(), 3);
-    for (char* base : {p, p + pg, p + 3 * pg}) ASSERT_EQ(cuMemHostUnregister(base), 0);
+    for (char* base : {p, p + pg, p + 3 * pg})
+        ASSERT_EQ(cuMemHostUnregister(base), 0);
 }
 
 // Rule: unregister needs the exact base of a live registration, else 713.
@@ -505,12 +506,12 @@ TEST_F(CudaDouble, ConcurrentRegistrationsKeepLocksExact) {
             threads.emplace_back([&, t] {
                 cuCtxSetCurrent(ctx_);
                 for (int i = t; i < kSlices; i += kThreads) {  // neighbours: other threads
-                    CUresult r = reg ? cuMemHostRegister_v2(slice(i), page(), 0)
-                                     : cuMemHostUnregister(slice(i));
+                    CUresult r = reg ? cuMemHostRegister_v2(slice(i), page(), 0) : cuMemHostUnregister(slice(i));
                     if (r != 0) ++failures[static_cast<size_t>(t)];
                 }
             });
-        for (std::thread& th : threads) th.join();
+        for (std::thread& th : threads)
+            th.join();
     };
     for (int round = 0; round < kRounds; ++round) {
         phase(true);
@@ -520,7 +521,8 @@ TEST_F(CudaDouble, ConcurrentRegistrationsKeepLocksExact) {
         ASSERT_EQ(lib_->live(), 0);
         ASSERT_EQ(locked_kb(), 0) << "round " << round;
     }
-    for (int f : failures) EXPECT_EQ(f, 0);
+    for (int f : failures)
+        EXPECT_EQ(f, 0);
 }
 
 }  // namespace

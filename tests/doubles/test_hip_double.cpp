@@ -6,16 +6,15 @@ namespace {
 using namespace hrd_test;
 
 TEST(DoubleExports, Hip) {
-    expect_exports(HOSTREG_DOUBLE_HIP_PATH,
-                   {"hipGetDeviceCount", "hipRuntimeGetVersion", "hipDriverGetVersion",
-                    "hipHostRegister", "hipHostUnregister", "hipHostGetDevicePointer",
-                    "hipHostGetFlags", "hipGetErrorName", "hipGetErrorString"});
+    expect_exports(HOSTREG_DOUBLE_HIP_PATH, {"hipGetDeviceCount", "hipRuntimeGetVersion", "hipDriverGetVersion",
+                                             "hipHostRegister", "hipHostUnregister", "hipHostGetDevicePointer",
+                                             "hipHostGetFlags", "hipGetErrorName", "hipGetErrorString"});
 }
 
 constexpr uintptr_t kHipOffset = 0x200000000000ull;
 
 class HipDouble : public DoubleTest {
-protected:
+  protected:
     void SetUp() override {
         ASSERT_NO_FATAL_FAILURE(open(HOSTREG_DOUBLE_HIP_PATH));
         LOAD(hipGetDeviceCount);

@@ -7,15 +7,14 @@ using namespace hrd_test;
 
 TEST(DoubleExports, Musa) {
     expect_exports(HOSTREG_DOUBLE_MUSA_PATH,
-                   {"musaGetDeviceCount", "musaRuntimeGetVersion", "musaHostRegister",
-                    "musaHostUnregister", "musaHostGetDevicePointer", "musaHostGetFlags",
-                    "musaGetErrorName", "musaGetErrorString"});
+                   {"musaGetDeviceCount", "musaRuntimeGetVersion", "musaHostRegister", "musaHostUnregister",
+                    "musaHostGetDevicePointer", "musaHostGetFlags", "musaGetErrorName", "musaGetErrorString"});
 }
 
 constexpr uintptr_t kMusaOffset = 0x400000000000ull;
 
 class MusaDouble : public DoubleTest {
-protected:
+  protected:
     void SetUp() override {
         ASSERT_NO_FATAL_FAILURE(open(HOSTREG_DOUBLE_MUSA_PATH));
         LOAD(musaGetDeviceCount);

@@ -20,7 +20,7 @@ constexpr ze_result_t kUninitialized = 0x78000001, kUnsupported = 0x78000003, kI
                       kOutOfHostMemory = 0x70000002, kInvalidEnumeration = 0x7800000c;
 
 class ZeDouble : public DoubleTest {
-protected:
+  protected:
     void SetUp() override {
         ASSERT_NO_FATAL_FAILURE(open(HOSTREG_DOUBLE_ZE_PATH));
         LOAD(zeInit);

@@ -77,7 +77,7 @@ constexpr ze_result_t ZE_RESULT_ERROR_INVALID_SIZE = 0x78000008;
 constexpr ze_result_t ZE_RESULT_ERROR_INVALID_ENUMERATION = 0x7800000c;
 constexpr ze_result_t ZE_RESULT_ERROR_OVERLAPPING_REGIONS = 0x7800001a;
 constexpr unsigned kInitFlags = 0x1u | 0x2u;  // ZE_INIT_FLAG_GPU_ONLY | ZE_INIT_FLAG_VPU_ONLY
-constexpr int kApiVersion = (1 << 16) | 8;     // ZE_MAKE_VERSION(1, 8)
+constexpr int kApiVersion = (1 << 16) | 8;    // ZE_MAKE_VERSION(1, 8)
 
 std::mutex g_mu;
 bool g_initialized = false;
@@ -189,7 +189,8 @@ HRD_EXPORT ze_result_t zeDeviceGet(ze_driver_handle_t driver, uint32_t* count, z
         return ZE_RESULT_SUCCESS;
     }
     if (*count > n) *count = n;
-    for (uint32_t i = 0; i < *count; ++i) devices[i] = &g_devices[i];
+    for (uint32_t i = 0; i < *count; ++i)
+        devices[i] = &g_devices[i];
     return ZE_RESULT_SUCCESS;
 }
 

@@ -53,7 +53,9 @@ def nothing_left_behind() -> Iterator[None]:
     assert hostreg.locked_bytes() == locked, "test left memory locked (VmLck)"
 
 
-def run_python(code: str, *prefix: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_python(
+    code: str, *prefix: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """Run `code` in a fresh interpreter (optionally under a wrapper command such as prlimit)."""
     return subprocess.run(
         [*prefix, sys.executable, "-c", code],

@@ -186,7 +186,15 @@ class CountingWriter(FileSystemWriter):
     def write_data(self, plan: Any, planner: Any) -> Any:
         from hostreg.torch import _sharing
 
-        counts = {"pid": os.getpid(), "tensors": 0, "bytes": 0, "in_arena": 0, "bytes_in_arena": 0, "clones": 0, "bytes_cloned": 0}
+        counts = {
+            "pid": os.getpid(),
+            "tensors": 0,
+            "bytes": 0,
+            "in_arena": 0,
+            "bytes_in_arena": 0,
+            "clones": 0,
+            "bytes_cloned": 0,
+        }
         me = threading.get_ident()
         resolve, clone = planner.resolve_data, torch.Tensor.clone
 

@@ -70,7 +70,11 @@ def test_pth_hook_is_installed_and_inert_by_default():
 
 @pytest.mark.parametrize("value", ["1", "true", "YES"])
 def test_pth_hook_activates_an_unmodified_script(value: str):
-    script = "import sys; assert 'torch' not in sys.modules\n" + NPU_LIKE + SCENARIO.replace("import gc, torch, hostreg", "import gc, torch\nimport hostreg")
+    script = (
+        "import sys; assert 'torch' not in sys.modules\n"
+        + NPU_LIKE
+        + SCENARIO.replace("import gc, torch, hostreg", "import gc, torch\nimport hostreg")
+    )
     r = run(script, HOSTREG_AUTO_INSTALL=value)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.strip() == "scenario ok CudaRuntime 0"
@@ -78,11 +82,16 @@ def test_pth_hook_activates_an_unmodified_script(value: str):
 
 def test_pth_hook_then_hostreg_torch_imported_before_torch():
     # hostreg.torch imports torch; the hook then fires while hostreg.torch is half-imported.
-    r = run("import hostreg.torch, torch; print(torch.cuda.cudart() is hostreg.cudart(), hostreg.torch.is_installed())", HOSTREG_AUTO_INSTALL="1")
+    r = run(
+        "import hostreg.torch, torch; print(torch.cuda.cudart() is hostreg.cudart(), hostreg.torch.is_installed())",
+        HOSTREG_AUTO_INSTALL="1",
+    )
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.strip() == "True True"
 
 
 def test_two_hooks_do_not_recurse():
-    r = run("import importlib, hostreg.auto; importlib.reload(hostreg.auto); import torch, hostreg; print(torch.cuda.cudart() is hostreg.cudart())")
+    r = run(
+        "import importlib, hostreg.auto; importlib.reload(hostreg.auto); import torch, hostreg; print(torch.cuda.cudart() is hostreg.cudart())"
+    )
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr

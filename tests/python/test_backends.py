@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, low_memlock, run_python, table_row
 
 HOSTREG = str(Path(sys.executable).parent / "hostreg")
@@ -46,7 +45,9 @@ def probe(env: dict[str, str]) -> dict:
 
 
 def doctor(env: dict[str, str], *prefix: str) -> tuple[int, dict]:
-    r = subprocess.run([*prefix, HOSTREG, "doctor", "--json"], capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
+    r = subprocess.run(
+        [*prefix, HOSTREG, "doctor", "--json"], capture_output=True, text=True, env={**os.environ, **env}, timeout=120
+    )
     return r.returncode, json.loads(r.stdout)
 
 
@@ -296,13 +297,17 @@ buf = mmap.mmap(-1, 1 << 20); addr = ctypes.addressof(ctypes.c_char.from_buffer(
 
 
 def test_ze_refuses_a_range_someone_else_imported_and_leaves_their_import():
-    r = run_python(ZE_PRELUDE + """
+    r = run_python(
+        ZE_PRELUDE
+        + """
 print(import_(drv, addr, 1 << 20))  # another user of the driver (SYCL's prepare_for_device_copy)
 print(int(hostreg.host_register(addr + 8192, 8192)), hostreg.last_error().message)
 b = ctypes.c_void_p(); print(base_of(drv, ctypes.c_void_p(addr + 8192), ctypes.byref(b)), b.value == addr)
 print(release(drv, ctypes.c_void_p(addr)), hostreg.stats().registrations)
 print(int(hostreg.host_register(addr + 8192, 8192)), int(hostreg.host_unregister(addr + 8192)))  # theirs gone: hostreg's own
-""", env=double_env("ze"))
+""",
+        env=double_env("ze"),
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     assert out[0] == "0"
@@ -346,15 +351,21 @@ def test_doctor_with_low_memlock_predicts_failure():
     assert any("RLIMIT_MEMLOCK is 8192 KiB" in p for p in d["problems"])
 
 
-@pytest.mark.parametrize("args, limited", [(["doctor"], False), (["doctor"], True), (["doctor", "--json"], True),
-                                           (["stage", "--model", "tiny"], False)],
-                         ids=["doctor-works", "doctor-would-fail", "json-would-fail", "stage"])
+@pytest.mark.parametrize(
+    "args, limited",
+    [(["doctor"], False), (["doctor"], True), (["doctor", "--json"], True), (["stage", "--model", "tiny"], False)],
+    ids=["doctor-works", "doctor-would-fail", "json-would-fail", "stage"],
+)
 def test_a_closed_pipe_keeps_the_verdict(args: list[str], limited: bool):
     # The reader is gone before anything is written (`hostreg doctor | true`): every write
     # fails with EPIPE; the exit code is still the command's own verdict, with no traceback.
     prefix = low_memlock(64) if limited else ()
-    p = subprocess.Popen([*prefix, HOSTREG, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env={**os.environ, "HOSTREG_BACKEND": "posix"})
+    p = subprocess.Popen(
+        [*prefix, HOSTREG, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "HOSTREG_BACKEND": "posix"},
+    )
     p.stdout.close()
     _, err = p.communicate(timeout=300)
     assert p.returncode == (1 if limited else 0), err
@@ -362,7 +373,12 @@ def test_a_closed_pipe_keeps_the_verdict(args: list[str], limited: bool):
 
 
 def test_doctor_table_names_the_posix_caveat():
-    r = subprocess.run([HOSTREG, "doctor"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200", "HOSTREG_BACKEND": "posix"})
+    r = subprocess.run(
+        [HOSTREG, "doctor"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", "HOSTREG_BACKEND": "posix"},
+    )
     assert r.returncode == 0
     assert "not registered with any device's DMA engine" in r.stdout and "verdict: staging" in r.stdout
 
@@ -396,10 +412,16 @@ def test_doctor_report_in_the_program_sees_the_ascend_state_and_the_dropin():
     assert ascend["own"] == ascend["now"] == "returns None" and ascend["dropin"] == "not installed"
     assert not ascend["problems"] and len(ascend["warnings"]) == 1
     warning = " ".join(ascend["text"].split())  # the text as printed, its line breaks aside
-    assert "will fail in this process with AttributeError: 'NoneType' object has no attribute 'cudaHostRegister'" in warning
+    assert (
+        "will fail in this process with AttributeError: 'NoneType' object has no attribute 'cudaHostRegister'"
+        in warning
+    )
     assert "`import hostreg.auto`" in warning and "would work (posix backend)" in warning
     # After `import hostreg.auto`: installed, PyTorch's code gets hostreg's cudart, no warning.
-    assert fixed["own"] in ("returns None", "returns torch.cuda._cudart, which hostreg's drop-in set (a CPU build of torch leaves it None)")
+    assert fixed["own"] in (
+        "returns None",
+        "returns torch.cuda._cudart, which hostreg's drop-in set (a CPU build of torch leaves it None)",
+    )
     assert fixed["dropin"].startswith("installed: ")
     assert fixed["now"] == "hostreg's cudart, through the drop-in (torch has no CUDA runtime here)"
     assert fixed["warnings"] == []
@@ -416,8 +438,13 @@ def test_doctor_report_in_the_program_sees_the_ascend_state_and_the_dropin():
 
 
 def test_doctor_command_says_it_is_a_process_of_its_own():
-    r = subprocess.run([HOSTREG, "doctor"], capture_output=True, text=True,
-                       env={**os.environ, "COLUMNS": "80", "HOSTREG_BACKEND": "posix"}, timeout=120)
+    r = subprocess.run(
+        [HOSTREG, "doctor"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80", "HOSTREG_BACKEND": "posix"},
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert table_row(r.stdout, "hostreg's drop-in") == "not installed"
     assert "when the program calls hostreg.doctor.report() after its setup" in " ".join(r.stdout.split())
@@ -426,7 +453,11 @@ def test_doctor_command_says_it_is_a_process_of_its_own():
 @pytest.mark.parametrize("backend", list(VENDORS))
 def test_stage_runs_through_each_double(backend: str):
     r = subprocess.run(
-        [HOSTREG, "stage", "--model", "tiny"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200", **double_env(backend)}, timeout=300
+        [HOSTREG, "stage", "--model", "tiny"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", **double_env(backend)},
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     assert table_row(r.stdout, "backend") == backend
@@ -435,7 +466,11 @@ def test_stage_runs_through_each_double(backend: str):
 
 def test_stage_default_model_through_the_acl_double():
     r = subprocess.run(
-        [HOSTREG, "stage"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200", **double_env("acl")}, timeout=600
+        [HOSTREG, "stage"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", **double_env("acl")},
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr
     assert table_row(r.stdout, "backend") == "acl"
@@ -446,8 +481,21 @@ def test_stage_default_model_through_the_acl_double():
 def test_doctor_counts_whole_pages_and_refuses_bad_sizes():
     # 695,296 bytes need 761,856 locked in whole pages: a 704 KiB limit is not enough.
     r = subprocess.run(
-        ["prlimit", "--memlock=720896:720896", "setpriv", "--bounding-set=-ipc_lock", "--", HOSTREG, "doctor", "--json", "--bytes", "695296"],
-        capture_output=True, text=True, env={**os.environ, "HOSTREG_BACKEND": "posix"},
+        [
+            "prlimit",
+            "--memlock=720896:720896",
+            "setpriv",
+            "--bounding-set=-ipc_lock",
+            "--",
+            HOSTREG,
+            "doctor",
+            "--json",
+            "--bytes",
+            "695296",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HOSTREG_BACKEND": "posix"},
     )
     assert r.returncode == 1 and "in whole pages" in json.loads(r.stdout)["problems"][0]
     r = subprocess.run([HOSTREG, "doctor", "--bytes", "-5"], capture_output=True, text=True)
@@ -464,5 +512,7 @@ def test_doctor_reports_an_invalid_max_registration_as_staging_does(monkeypatch)
     monkeypatch.setenv("HOSTREG_MAX_REGISTRATION", "1048576")
     assert not [p for p in doctor_module.verdict(doctor_module.diagnose(4096)) if "HOSTREG_MAX_REGISTRATION" in p]
     env = {"HOSTREG_BACKEND": "posix", "HOSTREG_MAX_REGISTRATION": "abc"}  # and hostreg stage says the same
-    r = subprocess.run([HOSTREG, "stage", "--model", "tiny"], capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+    r = subprocess.run(
+        [HOSTREG, "stage", "--model", "tiny"], capture_output=True, text=True, env={**os.environ, **env}, timeout=300
+    )
     assert r.returncode == 1 and "HOSTREG_MAX_REGISTRATION=abc is not a positive number of bytes" in r.stderr

@@ -57,7 +57,9 @@ def with_registration(b: Buffer, then: Callable[[int], str]) -> str:
 CASES: dict[str, Callable[[Buffer], str]] = {
     **{name: shared(name) for name in bad_inputs.CASES},
     "device-pointer-unregistered": lambda b: str(int(hostreg.host_get_device_pointer(b.addr)[0])),
-    "device-pointer-flags": lambda b: with_registration(b, lambda base: str(int(hostreg.host_get_device_pointer(base, 1)[0]))),
+    "device-pointer-flags": lambda b: with_registration(
+        b, lambda base: str(int(hostreg.host_get_device_pointer(base, 1)[0]))
+    ),
     "flags-unregistered": lambda b: str(int(hostreg.host_get_flags(b.addr)[0])),
     "py-pointer-str": lambda b: raises(lambda: hostreg.host_register("0x10", PAGE)),  # type: ignore[arg-type]
     "py-pointer-float": lambda b: raises(lambda: hostreg.host_register(1.5, PAGE)),  # type: ignore[arg-type]

@@ -20,15 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from conftest import run_python
+from ranks import app_state, build, differences, full_values, run_ranks, train_step
 from torch.distributed.checkpoint import state_dict_saver
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import hostreg.torch as ht
-from hostreg.torch import _container
-
-from conftest import run_python
-from ranks import app_state, build, differences, full_values, run_ranks, train_step
+from hostreg.torch._checkpoint import container as _container
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -83,8 +82,23 @@ def containers(path: Path) -> list[bytes]:
 # ---- the encoding --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
-                                   torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    ],
+)
 @pytest.mark.parametrize("shape", [(), (0,), (1,), (7,), (3, 5), (2, 0, 4), (2, 3, 4, 5)])
 def test_pickle_is_torch_saves_byte_for_byte(dtype: torch.dtype, shape: tuple):
     t = torch.ones(shape, dtype=dtype)
@@ -207,8 +221,13 @@ def test_a_filesystem_without_o_direct_is_written_buffered_and_said_once_per_dir
     from hostreg.doctor import probe_direct_io
 
     assert probe_direct_io(tmp_path) == (True, "")
-    out = subprocess.run([str(Path(sys.executable).parent / "hostreg"), "doctor", "--checkpoint-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"}).stdout
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "hostreg"), "doctor", "--checkpoint-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    ).stdout
     assert f"checkpoints in {tmp_path}" in out and "O_DIRECT (disk speed" in out, out
 
 
@@ -230,8 +249,9 @@ def _async_saves(rank: int, world: int, path: str, checkpointer: str, stagers: l
         try:
             for i in range(2):
                 where = f"{path}/{name}-{i}"
-                res = dcp.async_save(sd, storage_writer=ht.FileSystemWriter(where), async_stager=s,
-                                     async_checkpointer_type=kind)
+                res = dcp.async_save(
+                    sd, storage_writer=ht.FileSystemWriter(where), async_stager=s, async_checkpointer_type=kind
+                )
                 (res.upload_completion if hasattr(res, "upload_completion") else res).result(timeout=120)
                 out = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else None for k, v in sd.items()}
                 dcp.load(out, storage_reader=ht.FileSystemReader(where))
@@ -259,8 +279,12 @@ def _two_ranks(rank: int, world: int, path: str) -> None:
     sd = app_state(model, opt)
     want = full_values(sd)
     stager = ht.Stager(async_staging=True)
-    res = dcp.async_save(sd, storage_writer=ht.FileSystemWriter(f"{path}/fsdp"), async_stager=stager,
-                         async_checkpointer_type=state_dict_saver.AsyncCheckpointerType.PROCESS)
+    res = dcp.async_save(
+        sd,
+        storage_writer=ht.FileSystemWriter(f"{path}/fsdp"),
+        async_stager=stager,
+        async_checkpointer_type=state_dict_saver.AsyncCheckpointerType.PROCESS,
+    )
     res.upload_completion.result(timeout=120)
     stager.close()
     for reader in (ht.FileSystemReader(f"{path}/fsdp"), dcp.FileSystemReader(f"{path}/fsdp")):
@@ -327,8 +351,10 @@ def test_enospc_on_a_small_tmpfs_leaves_nothing_that_loads(tmp_path: Path):
     script = tmp_path / "saver.py"
     script.write_text(SAVER)
     # A private mount namespace: the 8 MiB tmpfs is gone when the child ends.
-    cmd = (f"mount -t tmpfs -o size=8m none {mnt} && mkdir {mnt}/keep && echo other > {mnt}/keep/file && "
-           f"{sys.executable} {script} {mnt}/ckpt 4 1; rc=$?; ls -a {mnt}/ckpt; cat {mnt}/keep/file; exit $rc")
+    cmd = (
+        f"mount -t tmpfs -o size=8m none {mnt} && mkdir {mnt}/keep && echo other > {mnt}/keep/file && "
+        f"{sys.executable} {script} {mnt}/ckpt 4 1; rc=$?; ls -a {mnt}/ckpt; cat {mnt}/keep/file; exit $rc"
+    )
     r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120)
     if "mount:" in r.stderr and r.returncode == 32:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
@@ -348,8 +374,12 @@ def test_failed_write_over_an_old_checkpoint_leaves_one_that_does_not_load(tmp_p
     assert load_outcome(tmp_path / "c", 2) == "whole"
     # The next save of the same directory fails half-way: files may not grow past the limit
     # (RLIMIT_FSIZE: pwrite answers EFBIG; Python ignores SIGXFSZ).
-    r = subprocess.run(["prlimit", f"--fsize={limit_mib << 20}", sys.executable, str(script), str(tmp_path / "c"), "2", "2"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        ["prlimit", f"--fsize={limit_mib << 20}", sys.executable, str(script), str(tmp_path / "c"), "2", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0 and "File too large" in r.stderr, r.stderr[-2000:]
     assert load_outcome(tmp_path / "c", 2) == "none"  # never the old metadata over new data
 
@@ -383,7 +413,7 @@ def test_a_file_laid_out_in_parts_is_written_while_the_next_is_laid_out(tmp_path
     """With parts of a few items, the file is every part's bytes in order (zeros between
     them, up to each block): the stock reader and dcp_to_torch_save read every item, and every
     container is a valid ZIP."""
-    from hostreg.torch import _checkpoint
+    from hostreg.torch._checkpoint import parts as _checkpoint  # the file parts: their sizes and writes
 
     monkeypatch.setattr(_checkpoint, "PART_ITEMS", 3)
     monkeypatch.setattr(_checkpoint, "PART_BYTES", 1)
@@ -411,11 +441,13 @@ def test_a_file_laid_out_in_parts_is_written_while_the_next_is_laid_out(tmp_path
         if c[:2] == b"PK":
             assert zipfile.ZipFile(io.BytesIO(c)).testzip() is None
     dcp_to_torch_save(str(d), str(tmp_path / "all.pt"))
-    assert torch.equal(torch.load(tmp_path / "all.pt", weights_only=False)["big"], sd["big"])  # BytesIO: not weights-only
+    assert torch.equal(
+        torch.load(tmp_path / "all.pt", weights_only=False)["big"], sd["big"]
+    )  # BytesIO: not weights-only
 
 
 def test_a_part_that_fails_stops_the_file_and_leaves_no_file_thread_or_descriptor(tmp_path: Path, monkeypatch):
-    from hostreg.torch import _checkpoint
+    from hostreg.torch._checkpoint import parts as _checkpoint  # the file parts: their sizes and writes
 
     monkeypatch.setattr(_checkpoint, "PART_ITEMS", 3)
     monkeypatch.setattr(_checkpoint, "PART_BYTES", 1)
@@ -443,7 +475,7 @@ def test_ctrl_c_while_a_part_is_written_waits_for_it_before_the_file_goes(tmp_pa
     """An interrupt that reaches the caller while it waits for the writer's thread to write a
     part: the descriptor is closed and the file removed only once that write has ended (a
     write to a closed, maybe reused, descriptor would land in another file)."""
-    from hostreg.torch import _checkpoint
+    from hostreg.torch._checkpoint import parts as _checkpoint  # the file parts: their sizes and writes
 
     monkeypatch.setattr(_checkpoint, "PART_ITEMS", 3)
     monkeypatch.setattr(_checkpoint, "PART_BYTES", 1)
@@ -523,7 +555,10 @@ def test_a_save_over_a_checkpoint_writes_in_place_and_spares_linked_copies(tmp_p
 def test_stock_checkpoints_of_conjugate_and_negative_views_load_their_values(tmp_path: Path):
     # torch.save keeps the conj / neg bit in _rebuild_tensor_v2's metadata, not in the bytes:
     # such a container is not a plain tensor's and must be read by torch.load (DCP's reader).
-    sd = {"c": torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64).conj(), "n": torch._neg_view(torch.tensor([1.0, -2.0, 3.0]))}
+    sd = {
+        "c": torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64).conj(),
+        "n": torch._neg_view(torch.tensor([1.0, -2.0, 3.0])),
+    }
     dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(tmp_path / "s")), no_dist=True)
     out = {"c": torch.zeros(2, dtype=torch.complex64), "n": torch.zeros(3)}
     dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path / "s"), no_dist=True)

@@ -38,7 +38,10 @@ def test_enum_matches_the_c_table():
     # vendor runtime's 201 reaches callers as 201), and only those.
     c_table = [n for n in range(0, 20001) if _hostreg.error_name(n) != "unrecognized error code"]
     assert c_table == sorted({m.value for m in E}) and len(c_table) == 134
-    assert E(201).name == "cudaErrorDeviceUninitialized" and hostreg.cudart().cudaGetErrorName(5) == "cudaErrorProfilerDisabled"
+    assert (
+        E(201).name == "cudaErrorDeviceUninitialized"
+        and hostreg.cudart().cudaGetErrorName(5) == "cudaErrorProfilerDisabled"
+    )
     assert hostreg.cudart().cudaGetErrorName(12345) == "unrecognized error code"
 
 

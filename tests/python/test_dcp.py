@@ -14,12 +14,12 @@ from concurrent.futures import Future
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from ranks import run_ranks
 from torch.distributed.checkpoint import state_dict_saver
 from torch.distributed.checkpoint.staging import AsyncStager
 
 import hostreg
 import hostreg.torch as ht
-from ranks import run_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -509,8 +509,11 @@ def test_default_stager_pins_through_the_dropin(ascend_state, options, monkeypat
         if isinstance(staged, Future):
             staged = staged.result(timeout=60)
         assert_same(snapshot(staged), want)
-        pinned = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in staged.values()
-                  if t.untyped_storage().nbytes() >= 5}  # StateDictStager pins storages of >= 5 bytes
+        pinned = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in staged.values()
+            if t.untyped_storage().nbytes() >= 5
+        }  # StateDictStager pins storages of >= 5 bytes
         assert pinned and all(hostreg.registration(p) is not None for p in pinned), "a storage was not registered"
         assert hostreg.stats().registrations - regs0 == len(pinned)
         assert hostreg.locked_bytes() - locked0 >= sum(pinned.values()), "VmLck did not rise: nothing locked"

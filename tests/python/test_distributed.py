@@ -23,16 +23,18 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from ranks import CountingWriter, app_state, build, differences, full_values, run_ranks, train_step
 from torch.distributed.checkpoint import state_dict_saver
 
 import hostreg
 import hostreg.torch as ht
-from ranks import CountingWriter, app_state, build, differences, full_values, run_ranks, train_step
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
     pytest.mark.filterwarnings("ignore::FutureWarning"),
-    pytest.mark.skipif(not hasattr(state_dict_saver, "AsyncSaveResponse"), reason="this torch's async_save takes no Future"),
+    pytest.mark.skipif(
+        not hasattr(state_dict_saver, "AsyncSaveResponse"), reason="this torch's async_save takes no Future"
+    ),
 ]
 
 MODES = [(False, "thread"), (False, "process"), (True, "thread"), (True, "process")]
@@ -77,7 +79,11 @@ def check_staged(sd: dict, staged: dict) -> None:
         if isinstance(src, DTensor):
             dtensors += 1
             assert (dst.device_mesh, dst.placements, dst.shape, dst.stride()) == (
-                src.device_mesh, src.placements, src.shape, src.stride()), key
+                src.device_mesh,
+                src.placements,
+                src.shape,
+                src.stride(),
+            ), key
             local = dst.to_local()
             assert torch.equal(local, src.to_local()), key
         else:
@@ -180,8 +186,11 @@ def test_two_ranks_sharded_model_and_adamw(kind: str, tmp_path: Path):
         for tag in rep["tags"]:
             counts = json.loads((tmp_path / f"{tag}.rank{rank}.json").read_text())
             assert counts["tensors"] > 10 and counts["bytes"] > 0, counts
-            assert (counts["clones"], counts["bytes_cloned"]) == (0, 0), f"{tag} rank {rank}: the writer cloned {counts}"
+            assert (counts["clones"], counts["bytes_cloned"]) == (0, 0), (
+                f"{tag} rank {rank}: the writer cloned {counts}"
+            )
             assert counts["in_arena"] == counts["tensors"] and counts["bytes_in_arena"] == counts["bytes"], (
-                f"{tag} rank {rank}: tensors outside the arena reached the writer (copied): {counts}")
+                f"{tag} rank {rank}: tensors outside the arena reached the writer (copied): {counts}"
+            )
             in_background = counts["pid"] != rep["pid"]
             assert in_background == tag.split("-")[1].startswith("process"), (tag, counts["pid"], rep["pid"])

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -87,7 +86,9 @@ def test_python_block_runs(path: Path, line: int, code: str, tmp_path: Path):
     script = tmp_path / "snippet.py"
     script.write_text(PRELUDE + "\n# --- " + f"{path.name}:{line}\n" + code + "\n" + EPILOGUE, encoding="utf-8")
     env = {**os.environ, "HOSTREG_BACKEND": "posix", "PYTHONPATH": ""}
-    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
+    )
     assert r.returncode == 0, f"{path.name}:{line} failed:\n{r.stderr[-4000:]}"
     assert "REGISTRATIONS 0" in r.stdout, f"{path.name}:{line} left registrations behind:\n{r.stdout[-2000:]}"
 
@@ -100,18 +101,33 @@ def test_readme_c_program_builds_with_the_readme_cmake_project_and_runs(tmp_path
             pytest.fail(message)
         pytest.skip(message)
     readme = REPO / "README.md"
-    (c_line, c_code), = blocks(readme, "c")
-    (cm_line, cmake_code), = blocks(readme, "cmake")
+    ((c_line, c_code),) = blocks(readme, "c")
+    ((cm_line, cmake_code),) = blocks(readme, "cmake")
     (tmp_path / "app.c").write_text(c_code + "\n", encoding="utf-8")
     (tmp_path / "CMakeLists.txt").write_text(cmake_code + "\n", encoding="utf-8")
     cmake = shutil.which("cmake", path=str(Path(sys.executable).parent)) or "cmake"
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    for args in (["-S", str(tmp_path), "-B", str(tmp_path / "build"), f"-DCMAKE_PREFIX_PATH={prefix}",
-                  "-DCMAKE_C_FLAGS=-std=c99 -pedantic -Wall -Wextra -Werror"],
-                 ["--build", str(tmp_path / "build")]):
+    for args in (
+        [
+            "-S",
+            str(tmp_path),
+            "-B",
+            str(tmp_path / "build"),
+            f"-DCMAKE_PREFIX_PATH={prefix}",
+            "-DCMAKE_C_FLAGS=-std=c99 -pedantic -Wall -Wextra -Werror",
+        ],
+        ["--build", str(tmp_path / "build")],
+    ):
         r = subprocess.run([cmake, *args], capture_output=True, text=True, timeout=300, env=env)
-        assert r.returncode == 0, f"README.md:{cm_line} / :{c_line}: cmake {args[0]} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
-    r = subprocess.run([str(tmp_path / "build/app")], capture_output=True, text=True, timeout=60,
-                       env={**env, "HOSTREG_BACKEND": "posix"})
+        assert r.returncode == 0, (
+            f"README.md:{cm_line} / :{c_line}: cmake {args[0]} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+        )
+    r = subprocess.run(
+        [str(tmp_path / "build/app")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "HOSTREG_BACKEND": "posix"},
+    )
     assert r.returncode == 0, r.stderr
     assert re.fullmatch(r"hostreg \d+\.\d+\.\d+: 1048576 bytes page-locked by posix\n", r.stdout), r.stdout

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 from support import bad_inputs
 
@@ -74,8 +73,10 @@ def test_dry_run_has_every_step(tmp_path: Path):
     assert overall == "overall: PASS (14/14 rows PASS or INFO)"
     assert "DRY RUN" in r.stdout
     n = len(bad_inputs.CASES)
-    assert rows["2"][2] == (f"{n - len(DOUBLE_DIFFERS)}/{n} answers equal to the CUDA driver double; differ: "
-                            f"{', '.join(DOUBLE_DIFFERS)} (dry run: the real runtime decides)")
+    assert rows["2"][2] == (
+        f"{n - len(DOUBLE_DIFFERS)}/{n} answers equal to the CUDA driver double; differ: "
+        f"{', '.join(DOUBLE_DIFFERS)} (dry run: the real runtime decides)"
+    )
     assert "target >= 0.95x" in rows["5a"][2] and "target >= 3x" in rows["5b"][2] and "target >= 3x" in rows["5f"][2]
     assert rows["5c"][0] == "D2H tiny: hostreg vs pin_memory" and rows["5a"][0] == "D2H 4 MiB: hostreg vs pin_memory"
 
@@ -91,7 +92,9 @@ def test_dry_run_has_every_step(tmp_path: Path):
 
 def test_dry_run_through_the_cmake_build(tmp_path: Path):
     build = tmp_path / "build"
-    r = run([str(SCRIPT_SH), "--dry-run", "--build-dir", str(build), "--steps", "1,2,3"], env_for(tmp_path), timeout=600)
+    r = run(
+        [str(SCRIPT_SH), "--dry-run", "--build-dir", str(build), "--steps", "1,2,3"], env_for(tmp_path), timeout=600
+    )
     assert r.returncode == 0, r.stdout + r.stderr + (tmp_path / "out/gpu_check/build.log").read_text()
     rows, _ = table(r.stdout)
     assert list(rows) == ["1a", "1b", "2", "3"]
@@ -100,7 +103,9 @@ def test_dry_run_through_the_cmake_build(tmp_path: Path):
     assert rows["1b"][1] == "PASS" and str(build / "py/hostreg") in rows["1b"][2]
     assert (rows["2"][1], rows["3"][1]) == ("INFO", "PASS")
     pkg = build / "py/hostreg"
-    assert any(pkg.glob("_hostreg*.so")) and any(pkg.glob("libhostreg.so*")) and (pkg / "torch" / "__init__.py").is_file()
+    assert (
+        any(pkg.glob("_hostreg*.so")) and any(pkg.glob("libhostreg.so*")) and (pkg / "torch" / "__init__.py").is_file()
+    )
 
 
 def test_a_differing_answer_fails_the_differential_step(tmp_path: Path):
@@ -130,7 +135,10 @@ print(rows["2"].result, rows["2"].figure, hostreg.stats().registrations)
         pytest.skip("the CUDA driver double is not built (build/cpp/tests/doubles)")
     r = run([sys.executable, "-c", code], env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-1] == f"FAIL unregister-null: runtime 1, hostreg 713; 1 of {len(bad_inputs.CASES)} answers differ 0"
+    assert (
+        r.stdout.splitlines()[-1]
+        == f"FAIL unregister-null: runtime 1, hostreg 713; 1 of {len(bad_inputs.CASES)} answers differ 0"
+    )
 
 
 def test_a_missed_target_fails():
@@ -151,7 +159,18 @@ def test_a_missed_target_fails():
 
 
 def test_failed_build_skips_the_rest(tmp_path: Path):
-    cmd = [sys.executable, "-m", "gpu_check", "--dry-run", "--build-status", "FAIL", "--build-detail", "build failed: x", "--log-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpu_check",
+        "--dry-run",
+        "--build-status",
+        "FAIL",
+        "--build-detail",
+        "build failed: x",
+        "--log-dir",
+        str(tmp_path),
+    ]
     r = run(cmd, env_for(tmp_path))
     assert r.returncode == 1, r.stdout + r.stderr
     rows, _ = table(r.stdout)

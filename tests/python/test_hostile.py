@@ -47,8 +47,12 @@ def child(body: str, *prefix: str, env: dict[str, str] | None = None, cwd: str |
     own), in a fresh interpreter under ``prefix`` (prlimit, setpriv, ...)."""
     code = LEFT + "\n".join(textwrap.dedent(part) for part in body.split("#---"))
     return subprocess.run(
-        [*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {})}, cwd=cwd,
+        [*prefix, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -128,7 +132,15 @@ def test_refused_threads_degrade_to_the_calling_thread(what: str):
         del st
         print(ok, left())
     """.replace("WHAT", repr(what))
-    r = child(body, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", env={"OMP_NUM_THREADS": "1", "HOME": "/tmp"})
+    r = child(
+        body,
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        env={"OMP_NUM_THREADS": "1", "HOME": "/tmp"},
+    )
     assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}"
     assert r.stdout.split() == ["True", *NOTHING.split()], r.stdout
 
@@ -237,7 +249,9 @@ def test_a_bad_shm_dir_is_an_error_naming_it(value: str, words: str):
     assert r.returncode == 0, r.stderr[-2000:]
     first, state = r.stdout.strip().splitlines()
     assert first == "StagingError True True" and state == NOTHING, r.stdout
-    rc = subprocess.run([HOSTREG, "doctor", "--json"], capture_output=True, text=True, env={**os.environ, "HOSTREG_SHM_DIR": value})
+    rc = subprocess.run(
+        [HOSTREG, "doctor", "--json"], capture_output=True, text=True, env={**os.environ, "HOSTREG_SHM_DIR": value}
+    )
     assert rc.returncode == 1 and "HOSTREG_SHM_DIR" in rc.stdout, rc.stdout[-2000:]
 
 
@@ -310,13 +324,21 @@ def test_an_empty_ld_library_path_element_loads_nothing_from_the_working_directo
 def test_stage_verifies_a_chunked_arena():
     # HOSTREG_MAX_REGISTRATION caps one registration, as some runtimes cap it themselves.
     r = subprocess.run(
-        [HOSTREG, "stage", "--model", "tiny"], capture_output=True, text=True,
-        env={**os.environ, "COLUMNS": "200", "HOSTREG_MAX_REGISTRATION": "65536"}, timeout=300,
+        [HOSTREG, "stage", "--model", "tiny"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", "HOSTREG_MAX_REGISTRATION": "65536"},
+        timeout=300,
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert int(table_row(r.stdout, "registrations")) > 5 and table_row(r.stdout, "values verified") == "yes"
-    r = subprocess.run([HOSTREG, "stage", "--model", "tiny"], capture_output=True, text=True,
-                       env={**os.environ, "HOSTREG_MAX_REGISTRATION": "lots"}, timeout=300)
+    r = subprocess.run(
+        [HOSTREG, "stage", "--model", "tiny"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HOSTREG_MAX_REGISTRATION": "lots"},
+        timeout=300,
+    )
     assert r.returncode == 1 and "HOSTREG_MAX_REGISTRATION=lots is not a positive number" in r.stdout + r.stderr
 
 
@@ -520,7 +542,8 @@ def test_copy_follows_a_destination_changed_in_place():
 
 def test_a_refused_relative_library_path_is_not_called_a_missing_driver():
     r = run_python(
-        "from hostreg import _hostreg; print(_hostreg.probe_backend('cuda')[1])", env={"HOSTREG_CUDA_LIBRARY": "libcuda.so.1"}
+        "from hostreg import _hostreg; print(_hostreg.probe_backend('cuda')[1])",
+        env={"HOSTREG_CUDA_LIBRARY": "libcuda.so.1"},
     )
     assert r.returncode == 0, r.stderr
     assert "not an absolute path" in r.stdout and not r.stdout.startswith("no NVIDIA driver"), r.stdout
@@ -602,4 +625,7 @@ print(type(d).__name__, sorted(d), d["i"].tolist(), d["b"].tolist(), d["step"].i
 """
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split("\n")[0] == "dict ['b', 'e', 'h', 'i', 'step', 'w'] [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] [True, False] 7.0 (0, 3) torch.bfloat16", r.stdout
+    assert (
+        r.stdout.split("\n")[0]
+        == "dict ['b', 'e', 'h', 'i', 'step', 'w'] [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] [True, False] 7.0 (0, 3) torch.bfloat16"
+    ), r.stdout

@@ -22,7 +22,9 @@ def test_log_level_prints_each_event_once_on_stderr():
     r = run_python(FAILING, env={"HOSTREG_LOG_LEVEL": "debug"})
     lines = r.stderr.splitlines()
     assert lines[0] == "hostreg info: backend posix selected"
-    assert lines[1].startswith("hostreg debug: hostregHostRegister: cudaErrorHostMemoryAlreadyRegistered (712), native 0: range")
+    assert lines[1].startswith(
+        "hostreg debug: hostregHostRegister: cudaErrorHostMemoryAlreadyRegistered (712), native 0: range"
+    )
     assert lines[2].startswith("hostreg debug: hostregHostUnregister: cudaErrorHostMemoryNotRegistered (713)")
     assert len(lines) == 3
     r = run_python(FAILING, env={"HOSTREG_LOG_LEVEL": "warning"})
@@ -46,8 +48,12 @@ def test_python_logger_levels(caplog, buf: Buffer):
 
 
 def test_environment_failures_are_warnings_with_native_code():
-    code = "import logging; logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(name)s %(message)s'); " + FAILING.replace(
-        "hostreg.host_register(a, 100); hostreg.host_register(a, 100)", "m2 = mmap.mmap(-1, 64 << 20); b = ctypes.addressof(ctypes.c_char.from_buffer(m2)); hostreg.host_register(b, 64 << 20)"
+    code = (
+        "import logging; logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(name)s %(message)s'); "
+        + FAILING.replace(
+            "hostreg.host_register(a, 100); hostreg.host_register(a, 100)",
+            "m2 = mmap.mmap(-1, 64 << 20); b = ctypes.addressof(ctypes.c_char.from_buffer(m2)); hostreg.host_register(b, 64 << 20)",
+        )
     )
     r = run_python(code, *low_memlock(8192), env={"HOSTREG_LOG_LEVEL": ""})
     assert r.returncode == 0
@@ -106,7 +112,10 @@ def test_environment_mistakes_with_a_callers_code_are_warnings():
     code = "import logging; logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s'); from hostreg import _hostreg; print(_hostreg.shared_memory_directory()[0])"
     r = run_python(code, env={"HOSTREG_LOG_LEVEL": "", "HOSTREG_SHM_DIR": "relative/dir"})
     assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr
-    assert r.stderr.startswith("WARNING hostregSharedMemoryDirectory: cudaErrorInvalidValue (1)") and "HOSTREG_SHM_DIR=relative/dir" in r.stderr
+    assert (
+        r.stderr.startswith("WARNING hostregSharedMemoryDirectory: cudaErrorInvalidValue (1)")
+        and "HOSTREG_SHM_DIR=relative/dir" in r.stderr
+    )
 
 
 def test_lookups_are_answers_not_events(caplog, buf: Buffer):

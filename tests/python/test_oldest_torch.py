@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch.distributed.checkpoint as dcp
+from support import oldest_torch_sd as oldest  # the same builder both torches run
 
 import hostreg.torch as ht
-
-from support import oldest_torch_sd as oldest  # the same builder both torches run
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "support" / "oldest_torch_sd.py"
@@ -48,7 +47,9 @@ def test_checkpoints_cross_between_hostreg_and_torch_2_4(tmp_path: Path) -> None
 
     run = subprocess.run(
         [*torch24, str(SCRIPT), "load", str(ours), "1", str(tmp_path / "by-hostreg.pt"), "save", str(theirs), "2"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert run.returncode == 0, f"torch 2.4 failed ({run.returncode}):\n{run.stderr[-3000:]}"
     out = json.loads(run.stdout.strip().splitlines()[-1])

@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import run_python
 
 import hostreg
 import hostreg.torch as ht
-from conftest import run_python
 
 PAGE = mmap.PAGESIZE
 
@@ -220,7 +220,9 @@ def test_an_interrupt_at_any_line_of_pin_leaves_nothing_registered():
 
     lines, first = inspect.getsourcelines(_pin.pin_)
     numbers = [first + i for i, text in enumerate(lines) if text.strip() and not text.strip().startswith(("#", '"'))]
-    r = subprocess.run([sys.executable, "-c", INTERRUPTED, *map(str, numbers)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED, *map(str, numbers)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0 and r.stdout.startswith("OK"), r.stdout + r.stderr[-3000:]
 
 
@@ -318,6 +320,13 @@ def test_is_pinned_tells_the_truth_about_hostregs_memory_after_install():
     # After install(): True where the bytes lie in a live hostreg registration (as CUDA answers
     # for memory cudaHostRegister registered; PyTorch's own stager tests assert it), torch's
     # own answer elsewhere.
-    assert got["after"] == {"plain": False, "pin_": True, "view": True, "arena": True, "torch_path": True, "shared": True}
+    assert got["after"] == {
+        "plain": False,
+        "pin_": True,
+        "view": True,
+        "arena": True,
+        "torch_path": True,
+        "shared": True,
+    }
     # uninstall() gives torch its own is_pinned back.
     assert got["restored"] == [False, False]

@@ -15,9 +15,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import run_python
-from test_backends import HOSTREG, NO_OVERRIDES, doctor, probe
+from test_backends import NO_OVERRIDES, doctor, probe
 
 HIP = Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5")
 ZE = Path("/usr/lib/x86_64-linux-gnu/libze_loader.so.1")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import low_memlock
 from conftest import table_row as row
 
@@ -19,7 +18,11 @@ HOSTREG = str(Path(sys.executable).parent / "hostreg")  # the console script
 
 def stage(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*prefix, HOSTREG, "stage", *args], capture_output=True, text=True, timeout=600, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}
+        [*prefix, HOSTREG, "stage", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
     )
 
 
@@ -167,12 +170,24 @@ def test_save_where_it_cannot_fails_with_the_reason(tmp_path: Path):
     assert f"cannot use {tmp_path / 'file' / 'ckpt'}" in r.stderr and "Not a directory" in r.stderr
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m for a small tmpfs")
+def _in_mount_namespace(script: str) -> subprocess.CompletedProcess:
+    """Runs ``script`` with sh in a mount namespace of its own (its mounts vanish with it)."""
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m for a small tmpfs"
+)
 def test_save_to_a_full_filesystem_fails_before_writing():
     # A 4 MiB tmpfs in a mount namespace of its own, for GPT-2 small (475 MiB).
     script = f"mount -t tmpfs -o size=4m none /mnt && exec {HOSTREG} stage --save /mnt/ckpt"
-    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=600,
-                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    r = _in_mount_namespace(script)
     assert r.returncode == 1 and "save failed" in r.stderr, r.stderr
     assert "bytes free; the checkpoint needs about 497,759,232" in r.stderr
 
@@ -231,8 +246,15 @@ def test_an_interrupted_fio_ceiling_leaves_no_fio_and_no_file(tmp_path: Path):
     import signal
     import time
 
-    p = subprocess.Popen([sys.executable, "-c", "import sys; from hostreg.cli import ceiling; ceiling.measure(sys.argv[1], 1 << 30)",
-                          str(tmp_path)], stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from hostreg.cli import ceiling; ceiling.measure(sys.argv[1], 1 << 30)",
+            str(tmp_path),
+        ],
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     while subprocess.run(["pgrep", "-f", "--", f"--filename={tmp_path}"], capture_output=True).returncode != 0:
         assert time.monotonic() < deadline and p.poll() is None, "fio never started"
@@ -240,18 +262,21 @@ def test_an_interrupted_fio_ceiling_leaves_no_fio_and_no_file(tmp_path: Path):
     p.send_signal(signal.SIGINT)  # to hostreg's process only, as kill -INT would
     p.wait(timeout=60)
     time.sleep(0.5)
-    assert subprocess.run(["pgrep", "-f", "--", f"--filename={tmp_path}"], capture_output=True).returncode == 1, "a fio job survived"
+    assert subprocess.run(["pgrep", "-f", "--", f"--filename={tmp_path}"], capture_output=True).returncode == 1, (
+        "a fio job survived"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m for a small tmpfs")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m for a small tmpfs"
+)
 def test_a_save_that_runs_out_of_space_says_so_in_one_line(tmp_path: Path):
     # 3,000 one-element tensors: 12 KB of values pass the free-space check, their containers
     # (about 1.5 KB each) do not fit in 2 MiB: DCP's CheckpointException carries the ENOSPC.
     torch.save({f"t{i}": torch.ones(1) for i in range(3000)}, tmp_path / "many.pt")
     script = f"mount -t tmpfs -o size=2m none /mnt && exec {HOSTREG} stage --checkpoint {tmp_path / 'many.pt'} --save /mnt/ck"
-    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=600,
-                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    r = _in_mount_namespace(script)
     assert r.returncode == 1 and "save failed" in r.stderr, r.stderr
     assert "cannot save the checkpoint to /mnt/ck: OSError: [Errno 28]" in r.stderr
     assert "FrameSummary" not in r.stderr and "tuple" not in r.stderr
@@ -298,7 +323,8 @@ def test_a_failed_save_leaves_nothing_registered_or_locked(tmp_path: Path):
     import gc
 
     import hostreg
-    from hostreg.cli import models, stage as stage_job
+    from hostreg.cli import models
+    from hostreg.cli import stage as stage_job
 
     (tmp_path / "file").write_text("x")
     sd = models.build("tiny").state_dict()

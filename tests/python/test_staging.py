@@ -19,6 +19,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import low_memlock, run_python
 from torch.distributed._state_dict_utils import (
     _check_state_dict_similarity,
     _copy_state_dict,
@@ -27,7 +28,6 @@ from torch.distributed._state_dict_utils import (
 
 import hostreg
 import hostreg.torch as ht
-from conftest import low_memlock, run_python
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state:UserWarning")
 
@@ -104,7 +104,9 @@ def check_one_arena(src_tensors: list[torch.Tensor], staged_tensors: list[torch.
         if s.is_contiguous() and s.untyped_storage().nbytes() == s.nbytes:  # a tensor owning its storage
             assert d.is_contiguous() and d.storage_offset() == 0
             assert d.untyped_storage().nbytes() == d.nbytes, "a staged tensor's storage must hold exactly its bytes"
-    nonempty = [(s, d, off) for s, d, off in zip(src_tensors, staged_tensors, expected_offsets(src_tensors)) if d.nbytes]
+    nonempty = [
+        (s, d, off) for s, d, off in zip(src_tensors, staged_tensors, expected_offsets(src_tensors)) if d.nbytes
+    ]
     if any(s.untyped_storage().nbytes() != s.nbytes or not s.is_contiguous() for s, _, _ in nonempty):
         return  # views of shared or larger storages: see test_views_and_tied_weights_are_staged_once
     if not nonempty:
@@ -115,7 +117,7 @@ def check_one_arena(src_tensors: list[torch.Tensor], staged_tensors: list[torch.
     assert base % ALIGN == 0
     reg = hostreg.registration(base)
     assert (reg is not None) == registered
-    for s, d, off in nonempty:
+    for _s, d, off in nonempty:
         assert staging_buffer_of(d) is buf, "not in the one arena"
         assert d.data_ptr() == base + off and (base + off) % ALIGN == 0
         assert off + d.nbytes <= buf.size
@@ -333,8 +335,16 @@ def test_views_and_tied_weights_are_staged_once(baseline):
     # the unique bytes they touch, and a write to one shows in the others, as in the source.
     qkv = torch.randn(3 * 64, 32)
     emb = torch.randn(100, 32)
-    src = {"emb": emb, "lm_head": emb, "q": qkv[:64], "k": qkv[64:128], "v": qkv[128:], "qkv": qkv,
-           "row": emb[7], "other": torch.randn(10)}
+    src = {
+        "emb": emb,
+        "lm_head": emb,
+        "q": qkv[:64],
+        "k": qkv[64:128],
+        "v": qkv[128:],
+        "qkv": qkv,
+        "row": emb[7],
+        "other": torch.randn(10),
+    }
     staged = ht.create_cpu_state_dict(src)
     ht.copy_state_dict(src, staged)
     assert all(same_values(src[k], staged[k]) for k in src)
@@ -483,7 +493,9 @@ def test_copy_rejects_other_keys():
     for src in ({"a": torch.ones(3), "c": torch.ones(3)}, [torch.ones(3), torch.ones(3)]):
         try:
             ht.copy_state_dict(src, staged)
-            outcomes.append(f"no error copying {type(src).__name__} {list(src.keys()) if isinstance(src, dict) else ''}")
+            outcomes.append(
+                f"no error copying {type(src).__name__} {list(src.keys()) if isinstance(src, dict) else ''}"
+            )
         except ValueError:
             outcomes.append("ValueError")
     del staged  # release before asserting: a failing test must not leak into the next ones
@@ -695,7 +707,9 @@ def test_a_stager_buffer_whose_storage_moved_is_never_reused():
 def test_a_state_dict_beyond_the_address_space_is_a_staging_error(count: int):
     # An expanded tensor stages its full size (its own span, values resolved): 4 * count bytes.
     sd = {"x": torch.ones(1).expand(count)}
-    with pytest.raises(hostreg.StagingError, match=r"cannot stage [\d,]+ bytes of staging memory: cudaErrorMemoryAllocation \(2\)"):
+    with pytest.raises(
+        hostreg.StagingError, match=r"cannot stage [\d,]+ bytes of staging memory: cudaErrorMemoryAllocation \(2\)"
+    ):
         ht.create_cpu_state_dict(sd)
     assert hostreg.stats().registrations == 0
 
@@ -731,8 +745,13 @@ def test_shm_dir_on_a_filesystem_without_a_size_limit():
         d = doctor.diagnose(1 << 22)
         print(json.dumps([bool(torch.all(staged["w"] == 2.0)), doctor.verdict(d), d.shm_bytes]))
     """)
-    r = subprocess.run([*ramfs, sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "HOSTREG_SHM_DIR": "/mnt", "HOSTREG_BACKEND": "posix"})
+    r = subprocess.run(
+        [*ramfs, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HOSTREG_SHM_DIR": "/mnt", "HOSTREG_BACKEND": "posix"},
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [True, [], 0]
 
@@ -779,6 +798,7 @@ def test_a_restage_of_unchanged_sources_replays_the_last_copy_and_follows_every_
     st = ht.Stager(pin_memory=False)
     _stager.layout_of = counting
     try:
+
         def stage(sd: dict) -> dict:
             out = st.stage(sd)
             for k, v in sd.items():
@@ -794,7 +814,7 @@ def test_a_restage_of_unchanged_sources_replays_the_last_copy_and_follows_every_
         w.add_(1.0)  # new values, same memory: a replay, with the new values
         stage({"w": w.detach(), "c": c, "b": b})  # new tensor objects (as state_dict() makes) over the same memory
         assert len(layouts) == 1
-        plan = st._pool[0].plan
+        plan = st._pool.slots[0].plan
         assert plan._replay is not None
         steps = [
             lambda: {"w": w.t(), "c": c, "b": b},  # strides

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.cuda
+from conftest import Buffer
 
 import hostreg
 import hostreg.torch as ht
-from conftest import Buffer
 
 
 @pytest.fixture

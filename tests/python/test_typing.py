@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import REPO
+
 import hostreg
 from hostreg import _hostreg
-from conftest import REPO
 
 
 def test_stubs_cover_the_extension():
@@ -17,14 +18,22 @@ def test_stubs_cover_the_extension():
     assert (pkg / "py.typed").is_file()
     stub = (pkg / "_hostreg.pyi").read_text()
     public = [n for n in dir(_hostreg) if not n.startswith("_")]
-    declared = (lambda n: f"def {n}(" in stub or f"class {n}" in stub or f"\n{n}: " in stub)  # functions, types, constants
-    assert public and all(declared(n) for n in public), f"stubs are out of date: {[n for n in public if not declared(n)]}"
+
+    def declared(n: str) -> bool:  # functions, types, constants
+        return f"def {n}(" in stub or f"class {n}" in stub or f"\n{n}: " in stub
+
+    assert public and all(declared(n) for n in public), (
+        f"stubs are out of date: {[n for n in public if not declared(n)]}"
+    )
 
 
 def test_mypy_passes_on_the_installed_package():
     r = subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"), "-p", "hostreg"],
-        capture_output=True, text=True, cwd="/", timeout=300,
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Success: no issues found" in r.stdout

@@ -15,12 +15,14 @@
 
 namespace hostreg::acl_abi {
 HOSTREG_ACL_SYMBOLS(HRABI_CHECK_FN, HRABI_CHECK_FN)
-static_assert(sizeof(aclError) == sizeof(::aclError) && sizeof(aclrtHostRegisterType) == sizeof(::aclrtHostRegisterType));
+static_assert(sizeof(aclError) == sizeof(::aclError) &&
+              sizeof(aclrtHostRegisterType) == sizeof(::aclrtHostRegisterType));
 static_assert(kHostRegMapped == ACL_HOST_REG_MAPPED && kHostRegIoMemory == ACL_HOST_REG_IOMEMORY);
 static_assert(kHostRegReadOnly == ACL_HOST_REG_READONLY && kHostRegPinned == ACL_HOST_REG_PINNED);
 static_assert(kHostRegisterMapped == ::ACL_HOST_REGISTER_MAPPED);
 static_assert(kSuccess == ACL_SUCCESS && kErrorInvalidParam == ::ACL_ERROR_INVALID_PARAM);
-static_assert(kErrorUninitialize == ::ACL_ERROR_UNINITIALIZE && kErrorRepeatInitialize == ::ACL_ERROR_REPEAT_INITIALIZE);
+static_assert(kErrorUninitialize == ::ACL_ERROR_UNINITIALIZE &&
+              kErrorRepeatInitialize == ::ACL_ERROR_REPEAT_INITIALIZE);
 static_assert(kErrorBadAlloc == ::ACL_ERROR_BAD_ALLOC && kErrorApiNotSupport == ::ACL_ERROR_API_NOT_SUPPORT);
 static_assert(kErrorRtParamInvalid == ACL_ERROR_RT_PARAM_INVALID);
 static_assert(kErrorRtInvalidDeviceId == ACL_ERROR_RT_INVALID_DEVICEID);

@@ -22,8 +22,10 @@ TEST(RealRuntime, CudartNamesEveryCodeAsHostregDoes) {
     ASSERT_NE(name, nullptr);
     ASSERT_NE(text, nullptr);
     std::vector<int> codes;
-    for (int c = -16; c <= 20000; ++c) codes.push_back(c);
-    for (int c : {65535, 1 << 20, 0x7fffffff}) codes.push_back(c);
+    for (int c = -16; c <= 20000; ++c)
+        codes.push_back(c);
+    for (int c : {65535, 1 << 20, 0x7fffffff})
+        codes.push_back(c);
     int members = 0;
     for (int c : codes) {
         const std::string real_name = name(c), real_text = text(c);

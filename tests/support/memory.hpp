@@ -39,7 +39,7 @@ struct Bytes {
 // `prot`, or (Bytes) `n` read-write bytes whose start get() is aligned to `align` (a power of
 // two, at least a page; 0: a page). get() is NULL when mmap failed.
 class Mapping {
-public:
+  public:
     explicit Mapping(size_t pages, int prot = PROT_READ | PROT_WRITE) : Mapping(pages * page(), 0, prot) {}
     explicit Mapping(Bytes bytes, size_t align = 0) : Mapping(bytes.n, align, PROT_READ | PROT_WRITE) {}
     ~Mapping() {
@@ -51,7 +51,7 @@ public:
     char* page_at(size_t i) const { return base_ + i * page(); }
     size_t size() const { return len_; }
 
-private:
+  private:
     Mapping(size_t bytes, size_t align, int prot) : len_(bytes), raw_len_(bytes + align) {
         void* p = mmap(nullptr, raw_len_, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         raw_ = (p == MAP_FAILED) ? nullptr : static_cast<char*>(p);

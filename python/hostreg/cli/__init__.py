@@ -15,7 +15,8 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def esc(text: str) -> str:
@@ -47,13 +48,20 @@ def _stage(args: argparse.Namespace) -> int:
 
     from . import models
     from . import stage as stage_job
+    from .checkpoint import load_checkpoint
 
     out = _console()
     err = _console(stderr=True)
     show = err.is_terminal if args.progress is None else args.progress
     bar = (
-        Progress(TextColumn("{task.description:>8}"), BarColumn(), DownloadColumn(binary_units=True),
-                 TimeElapsedColumn(), console=err, transient=True)
+        Progress(
+            TextColumn("{task.description:>8}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        )
         if show
         else contextlib.nullcontext()
     )
@@ -71,15 +79,18 @@ def _stage(args: argparse.Namespace) -> int:
     # The process's device for registrations on threads without a device context of their own
     # (AscendCL's are per thread; staging may run on such a thread): this command chooses it.
     if (code := hostreg.set_default_device(args.device)) != hostreg.cudaError.success:
-        err.print(f"[bold red]hostreg stage: device {args.device}[/]: {code.name} ({int(code)}): {esc(hostreg.last_error().message)}",
-                  highlight=False, soft_wrap=True)
+        err.print(
+            f"[bold red]hostreg stage: device {args.device}[/]: {code.name} ({int(code)}): {esc(hostreg.last_error().message)}",
+            highlight=False,
+            soft_wrap=True,
+        )
         return 1
     try:
         with bar:
             t0 = time.perf_counter()
             if args.checkpoint:
                 source = str(args.checkpoint)
-                state_dict = stage_job.load_checkpoint(args.checkpoint)
+                state_dict = load_checkpoint(args.checkpoint)
             else:
                 source = f"embedded model {args.model}"
                 state_dict = models.build(args.model).state_dict()
@@ -164,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
         "values and locking (VmLck), release it, and report.",
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", choices=list(MODELS), default=DEFAULT_MODEL, help="embedded model (default: %(default)s)")
+    src.add_argument(
+        "--model", choices=list(MODELS), default=DEFAULT_MODEL, help="embedded model (default: %(default)s)"
+    )
     src.add_argument("--checkpoint", metavar="PATH", help="a .safetensors or torch.save (.pt/.pth/.bin) state dict")
     p.add_argument(
         "--engine",
@@ -173,7 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="hostreg: one shared arena, one registration (default); torch: PyTorch's per-tensor path through the drop-in",
     )
     p.add_argument(
-        "--device", type=_device, default=0, metavar="N",
+        "--device",
+        type=_device,
+        default=0,
+        metavar="N",
         help="the device registrations are made for where the runtime's contexts are per thread (AscendCL: NPU N; "
         "default %(default)s); other backends use their runtime's own current device",
     )
@@ -186,7 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
         "print both rates beside the disk's own O_DIRECT ceiling (fio when installed)",
     )
     p.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar on stderr (default: when it is a terminal)"
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when it is a terminal)",
     )
     p.set_defaults(func=_stage)
 
@@ -195,10 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="report backends, limits and whether staging would work")
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     d.add_argument(
-        "--bytes", type=int, default=DEFAULT_BYTES, help="bytes to judge staging for (default: the embedded default model, %(default)s)"
+        "--bytes",
+        type=int,
+        default=DEFAULT_BYTES,
+        help="bytes to judge staging for (default: the embedded default model, %(default)s)",
     )
     d.add_argument(
-        "--checkpoint-dir", action="append", metavar="DIR",
+        "--checkpoint-dir",
+        action="append",
+        metavar="DIR",
         help="say whether hostreg.torch.FileSystemWriter/Reader get O_DIRECT in DIR (repeatable)",
     )
     d.set_defaults(func=_doctor)

@@ -65,12 +65,24 @@ def fio(path: str, nbytes: int, rw: str, engines: list[str]) -> float:
     bs = max(_BLOCK, min(16 * MiB, nbytes // _BLOCK * _BLOCK))
     errors = []
     for engine in list(engines):
-        cmd = ["fio", "--name=ceiling", f"--rw={rw}", f"--bs={bs}", f"--size={max(nbytes, bs)}", "--direct=1",
-               f"--ioengine={engine}", "--iodepth=4", "--numjobs=1", "--thread", "--end_fsync=1", f"--filename={path}",
-               "--output-format=json"]
+        cmd = [
+            "fio",
+            "--name=ceiling",
+            f"--rw={rw}",
+            f"--bs={bs}",
+            f"--size={max(nbytes, bs)}",
+            "--direct=1",
+            f"--ioengine={engine}",
+            "--iodepth=4",
+            "--numjobs=1",
+            "--thread",
+            "--end_fsync=1",
+            f"--filename={path}",
+            "--output-format=json",
+        ]
         p = _run_group(cmd)
         try:
-            job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]
+            job = json.loads(p.stdout[p.stdout.index("{") :])["jobs"][0]
             ok = p.returncode == 0 and job["error"] == 0 and job[rw]["bw_bytes"] > 0
         except (ValueError, KeyError, IndexError):
             ok = False
@@ -135,6 +147,7 @@ def _probe(path: str, nbytes: int) -> tuple[float, float, bool]:
             direct = False
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
+
             def write(k: int, stop: threading.Event) -> None:
                 for off in pieces[k::_THREADS]:
                     if stop.is_set():
@@ -150,6 +163,7 @@ def _probe(path: str, nbytes: int) -> tuple[float, float, bool]:
             os.close(fd)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0))
         try:
+
             def read(k: int, stop: threading.Event) -> None:
                 for off in pieces[k::_THREADS]:
                     if stop.is_set():

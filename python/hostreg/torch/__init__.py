@@ -7,7 +7,7 @@
   in one shared, registered arena.
 - In-place pinning (:func:`pin_`, :func:`unpin_`, :func:`pinned`; ``_pin.py``) page-locks
   the memory any CPU tensor already has, where ``Tensor.pin_memory()`` copies.
-- Checkpoints (:class:`FileSystemWriter`, :class:`FileSystemReader`; ``_checkpoint.py``)
+- Checkpoints (:class:`FileSystemWriter`, :class:`FileSystemReader`; the ``_checkpoint`` package)
   write and read DCP's own format at the disk's speed (``O_DIRECT`` from the arena).
 """
 

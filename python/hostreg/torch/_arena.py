@@ -7,9 +7,9 @@ from typing import NoReturn
 import torch
 
 from .. import _core, _hostreg
-from . import _sharing
 from .._core import HostRegisterFlags
 from .._errors import StagingError
+from . import _sharing
 from ._dtensor import wrap
 from ._layout import Layout
 
@@ -88,7 +88,8 @@ class Arena:
     def span_storages(self, layout: Layout) -> list[torch.UntypedStorage]:
         """One storage per span of ``layout``, each holding exactly the span's bytes."""
         return [
-            _sharing.storage_view(self.buffer, off, n) for off, (_, n) in zip(layout.span_offsets, layout.grouping.spans)
+            _sharing.storage_view(self.buffer, off, n)
+            for off, (_, n) in zip(layout.span_offsets, layout.grouping.spans)
         ]
 
     def close(self) -> None:
@@ -113,5 +114,3 @@ def leaves_on(storages: list[torch.UntypedStorage], layout: Layout) -> list[torc
             t = wrap(t, meta.dtensor)
         out.append(t)
     return out
-
-

@@ -15,7 +15,7 @@ import torch
 Placement = tuple
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dtensor_type() -> type | None:
     """torch's DTensor class where torch.distributed has it, else None."""
     try:

@@ -30,7 +30,7 @@ import sys
 import threading
 import warnings
 import weakref
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -134,7 +134,9 @@ def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch
         return tensor
     if _hostreg.registration(ptr) is not None:  # CUDA's answer, without a call that could half-succeed
         code = cudaError(_hostreg.host_register(ptr, nbytes, int(flags)))
-        raise PinError(f"pin_: cudaHostRegister of {nbytes:,} bytes at {ptr:#x} failed: {code}: {_core.last_error().message}", code)
+        raise PinError(
+            f"pin_: cudaHostRegister of {nbytes:,} bytes at {ptr:#x} failed: {code}: {_core.last_error().message}", code
+        )
     if original.is_shared():
         warnings.warn(
             "pin_ of a shared storage (share_memory_(), from_file(shared=True)): its bytes stay shared with what "
@@ -151,7 +153,7 @@ def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch
         )
     if sys.getrefcount(original) > 3:  # this frame's name, the call's argument, the tensor's own cached object
         raise ValueError(
-            f"pin_: a storage object of this tensor is held elsewhere (s = t.untyped_storage(), t.storage()): "
+            "pin_: a storage object of this tensor is held elsewhere (s = t.untyped_storage(), t.storage()): "
             "resize_ on it would free the memory under the registration; drop it before pin_"
         )
     users = _storage_users(original)
@@ -165,7 +167,10 @@ def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch
     try:
         code = cudaError(_hostreg.host_register(ptr, nbytes, int(flags)))
         if code != cudaError.success:
-            raise PinError(f"pin_: cudaHostRegister of {nbytes:,} bytes at {ptr:#x} failed: {code}: {_core.last_error().message}", code)
+            raise PinError(
+                f"pin_: cudaHostRegister of {nbytes:,} bytes at {ptr:#x} failed: {code}: {_core.last_error().message}",
+                code,
+            )
         pin.live = True
         view = torch.from_dlpack(_hostreg.view_of(pin, ptr, nbytes, unregister=True)).untyped_storage()
         _index(ptr, pin)
@@ -198,15 +203,19 @@ def unpin_(tensor: torch.Tensor) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"unpin_ takes a torch.Tensor, not {type(tensor).__name__}")
     if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.is_nested:
-        raise PinError(f"unpin_: this tensor ({tensor.device}, {tensor.layout}) was not pinned by pin_",
-                       cudaError.cudaErrorHostMemoryNotRegistered)
+        raise PinError(
+            f"unpin_: this tensor ({tensor.device}, {tensor.layout}) was not pinned by pin_",
+            cudaError.cudaErrorHostMemoryNotRegistered,
+        )
     storage = tensor.untyped_storage()
     if storage.nbytes() == 0:
         return tensor  # pin_ locked nothing
     pin = _lookup(storage.data_ptr())
     if pin is None:
-        raise PinError(f"unpin_: the storage at {storage.data_ptr():#x} was not pinned by pin_ (or was unpinned)",
-                       cudaError.cudaErrorHostMemoryNotRegistered)
+        raise PinError(
+            f"unpin_: the storage at {storage.data_ptr():#x} was not pinned by pin_ (or was unpinned)",
+            cudaError.cudaErrorHostMemoryNotRegistered,
+        )
     code = pin.unregister()
     _forget(storage.data_ptr(), pin)
     if code != cudaError.success:

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from .. import _hostreg
-from .._hostreg import StagingBuffer
 from .._errors import HostregError
+from .._hostreg import StagingBuffer
 
 # Which staging buffer (the C core's memory beneath an :class:`Arena`) an address lies in is
 # answered by the extension (``_hostreg.staging_buffer_of``): its index of live buffers changes only inside C++ calls, with the GIL held, so no Python
@@ -81,7 +81,9 @@ def storage_view(buf: StagingBuffer, offset: int, nbytes: int) -> torch.UntypedS
     return torch.from_dlpack(_hostreg.bytes_view(buf, buf.data_ptr + offset, nbytes)).untyped_storage()
 
 
-def tensor_view(buf: StagingBuffer, offset: int, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def tensor_view(
+    buf: StagingBuffer, offset: int, shape: torch.Size | tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
     """A contiguous tensor of ``shape`` and ``dtype`` at byte ``offset`` of ``buf``, with a
     storage of its own (empty tensors: an empty one of their own, no bytes of the arena)."""
     numel = 1
@@ -168,8 +170,9 @@ def _install() -> None:
     global _installed
     if _installed:
         return
-    import torch.multiprocessing  # noqa: F401 -- registers torch's reducers first
     from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 -- registers torch's reducers first
 
     with _lock:
         if _installed:

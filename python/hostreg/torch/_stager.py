@@ -15,65 +15,19 @@ buffer of the right structure is busy, ``stage()`` waits briefly, then uses anot
 
 from __future__ import annotations
 
-import copy
-import gc
 import threading
-import time
-import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from .. import _core
-from . import _tree
-from ._arena import Arena, leaves_on
-from ._copy import CopyPlan, collector_paused, source_key
 from .._errors import HostregError, StagingError
+from ._arena import Arena
+from ._copy import collector_paused
 from ._layout import Flat, Prepared, flatten_checked, layout_of
-from ._state_dict import StagedCopy, allocate_staged_copy
-
-
-class _Slot:
-    """One slot of a Stager's pool: a staged copy (its arena, layout and leaves), the copy plan
-    into its leaves, and the tensors last handed out over it. ``key`` is its layout's
-    (``Layout.key``): a state dict whose layout has the same key is staged into this slot."""
-
-    def __init__(self, key: tuple, staged: StagedCopy) -> None:
-        self.key = key
-        self.staged = staged
-        self.plan = CopyPlan(staged.tensors)
-        self._ptrs = [s.data_ptr() for s in staged.storages]
-        self._issued: list[weakref.ref[torch.Tensor]] = []
-        # Plain leaves are handed out as detach()es of the buffer's own (a new tensor object
-        # and TensorImpl over the same storage, offset, shape and strides, made in C++: about
-        # a quarter of what building one with set_() costs); DTensor leaves are wrapped anew.
-        self._plain = all(type(t) is torch.Tensor for t in staged.tensors)
-
-    def busy(self) -> bool:
-        return any(r() is not None for r in self._issued)
-
-    def moved(self) -> bool:
-        """torch moved the storage elsewhere (pickled under the file_system sharing strategy):
-        the arena's registration is stale and this buffer must not be used again. The span
-        storages are the only way to the plan's destinations (the leaves it copies into are
-        this buffer's own, never handed out; the tensors :meth:`issue` hands out are new
-        objects over the same storages), so a storage that still starts where it did means
-        the plan still holds: one address per span, not a measure of every leaf."""
-        return [s.data_ptr() for s in self.staged.storages] != self._ptrs
-
-    def issue(self, values: list[Any]) -> dict:
-        """A new state dict over this buffer's memory (new tensor objects on its storages, so
-        that they say when the last of them is gone), with deep copies of the source's values."""
-        if self._plain:
-            fresh = list(map(torch.Tensor.detach, self.staged.tensors))
-        else:
-            fresh = leaves_on(self.staged.storages, self.staged.layout)
-        self._issued = list(map(weakref.ref, fresh))
-        return _tree.unflatten(self.staged.layout.spec, fresh, copy.deepcopy(values))
-
-    def close(self) -> None:
-        self.staged.arena.close()
+from ._slots import SlotPool
+from ._sources import source_key
 
 
 class Stager:
@@ -132,12 +86,14 @@ class Stager:
         if max_buffers < 1:
             raise ValueError(f"max_buffers must be >= 1, got {max_buffers}")
         if async_staging and not _async_save_takes_futures():
-            raise ValueError(f"async_staging needs a torch whose dcp.async_save takes a Future (AsyncSaveResponse); torch {torch.__version__} has none")
+            raise ValueError(
+                f"async_staging needs a torch whose dcp.async_save takes a Future (AsyncSaveResponse); torch {torch.__version__} has none"
+            )
         self.pin_memory = pin_memory
         self.share_memory = share_memory
         self.max_buffers = max_buffers
         self.wait_timeout_s = wait_timeout_s
-        self._pool: list[_Slot] = []
+        self._pool = SlotPool()
         self._closed = False  # no new stage()
         self._released = False  # the arenas are gone
         # Two locks, so that an async stage() never waits for the worker: _submit guards the
@@ -147,7 +103,6 @@ class Stager:
         self._submit = threading.Lock()
         self._pool_lock = threading.Lock()
         self._worker: int | None = None  # the staging thread's ident (async mode)
-        self.arenas_created = 0  #: how many arenas this stager has made (for tests, benchmarks)
         self._last_layout: tuple | None = None  # (spec, source_key, Layout) of the last stage (pool lock)
         self.async_staging = async_staging
         self._executor: ThreadPoolExecutor | None = None
@@ -174,6 +129,11 @@ class Stager:
         self.close()
 
     @property
+    def arenas_created(self) -> int:
+        """How many arenas this stager has made (for tests and benchmarks)."""
+        return self._pool.created
+
+    @property
     def should_synchronize_after_execute(self) -> bool:
         return self._synchronize_after_execute
 
@@ -197,7 +157,7 @@ class Stager:
         # The worker's first steps are these anyway: it takes their results.
         flat = flatten_checked(state_dict)  # TypeError for what no arena holds, naming the entry
         prepared = None
-        if not self._pool:  # the first arena: the room for it is known now (later, old arenas may be freed first)
+        if not self._pool.slots:  # the first arena: the room for it is known now (later, old arenas may be freed first)
             prepared = self._check_first_room(state_dict, flat)
         ready = None
         if self._stream is not None:  # the copies start after the work queued so far
@@ -256,12 +216,19 @@ class Stager:
                 if prepared is None:
                     prepared = self._layout_for(state_dict, flat, key)
                     grouping = prepared[0].grouping
-            buf = self._acquire(prepared)  # may wait for a buffer: the collector stays on
+            buf = self._pool.acquire(
+                prepared,
+                max_buffers=self.max_buffers,
+                wait_timeout_s=self.wait_timeout_s,
+                pin_memory=self.pin_memory,
+                share_memory=self.share_memory,
+                closed=lambda: self._closed,
+            )  # may wait for a buffer: the collector stays on
             tensors, values = prepared[1], prepared[2]
             if ready is not None and self._stream is not None:
                 self._stream.wait_event(ready)
             with collector_paused():
-                # _acquire has just seen the buffer's storages unmoved, under the pool lock
+                # acquire() has just seen the buffer's storages unmoved, under the pool lock
                 # _layout_for's grouping is these sources' (computed from them now, or from sources
                 # of an equal key); a layout the caller's thread made earlier may be older than them
                 buf.plan.copy(tensors, stream=self._stream, checked=True, key=key, grouping=grouping)
@@ -301,54 +268,8 @@ class Stager:
             executor.shutdown(wait=not on_worker)  # a thread cannot wait for itself
         with self._pool_lock:
             self._future = None
-            for b in self._pool:
-                b.close()
-            self._pool.clear()
+            self._pool.close()
             self._released = True
-
-    def _acquire(self, prepared: Prepared) -> _Slot:
-        key = prepared[0].key
-        start = time.monotonic()
-        collected = False
-        while True:
-            for b in [b for b in self._pool if b.moved()]:  # never reuse a moved arena
-                b.close()
-                self._pool.remove(b)
-            match = [b for b in self._pool if b.key == key]
-            for b in match:
-                if not b.busy():
-                    return b
-            waited = time.monotonic() - start
-            if match and not collected:
-                gc.collect()  # a reference cycle may be all that keeps a finished save's dict
-                collected = True
-                continue
-            # A writer that just finished drops its dict in a moment: DCP's thread executor
-            # resolves the save's future before its worker thread releases the work item that
-            # holds the staged dict, and on a loaded machine that thread may wait for a core
-            # (0.2 s was once too short on a 2-core machine with 2 test workers and an
-            # emulated torch busy).
-            if match and waited < 0.5:
-                time.sleep(0.005)
-                continue
-            # Free buffers of another structure are dropped first: their memory is reused.
-            for b in [b for b in self._pool if b.key != key and not b.busy()]:
-                b.close()
-                self._pool.remove(b)
-            if len(self._pool) < self.max_buffers:
-                staged = allocate_staged_copy(None, pin_memory=self.pin_memory, share_memory=self.share_memory, prepared=prepared)
-                buf = _Slot(key, staged)
-                self._pool.append(buf)
-                self.arenas_created += 1
-                return buf
-            if self._closed:
-                raise HostregError("Stager.close() while this staging waited for a free buffer")
-            if waited > self.wait_timeout_s:
-                raise StagingError(
-                    f"all {self.max_buffers} staging buffers are still in use by earlier saves' writers after "
-                    f"{self.wait_timeout_s:g} s; wait for the previous save's future, or raise max_buffers"
-                )
-            time.sleep(0.01)
 
 
 def _settle(done: Future, f: Future) -> None:

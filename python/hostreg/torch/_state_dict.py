@@ -24,9 +24,10 @@ import torch
 
 from . import _sharing, _tree
 from ._arena import Arena, leaves_on
-from ._copy import CopyPlan, collector_paused, source_key
+from ._copy import CopyPlan, collector_paused
 from ._dtensor import local_of
 from ._layout import ALIGNMENT, Layout, Prepared, layout_of
+from ._sources import source_key
 
 __all__ = ["ALIGNMENT", "Arena", "StagedCopy", "copy_state_dict", "create_cpu_state_dict", "allocate_staged_copy"]
 

@@ -14,7 +14,8 @@ a reference cycle, which would keep staged tensors alive until the garbage colle
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

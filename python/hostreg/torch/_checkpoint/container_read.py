@@ -1,0 +1,135 @@
+"""Reading a ``torch.save`` container of one tensor (``container.py`` writes them): where its
+data lies and what it holds, from the container's first and last bytes, without building the
+tensor; anything but a dense CPU tensor of a known dtype is refused (None)."""
+
+from __future__ import annotations
+
+import collections
+import io
+import pickle
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._layout import contiguous_strides
+from .container import _BIG, _CENTRAL, _DTYPE_OF, _END, _END64, _LOCAL, _LOCATOR
+
+
+@dataclass
+class Stored:
+    """Where a container's tensor lies: ``data_offset`` (relative to the container), its dtype,
+    shape, and the element offset into its storage record; the tensor is contiguous."""
+
+    data_offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    storage_offset: int
+
+
+class _MetaUnpickler(pickle.Unpickler):
+    """Reads a tensor's ``data.pkl`` without building anything: only the globals torch.save
+    writes for a dense CPU tensor are allowed (anything else is refused)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return _rebuilt
+        if module == "collections" and name == "OrderedDict":
+            return collections.OrderedDict
+        if module == "torch" and name in _DTYPE_OF:
+            return _DTYPE_OF[name]
+        raise pickle.UnpicklingError(f"{module}.{name} is not a plain tensor's")
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], torch.dtype)):
+            raise pickle.UnpicklingError("not a storage record")
+        return pid
+
+
+def _rebuilt(storage: Any, offset: int, size: Any, stride: Any, *rest: Any) -> tuple:
+    # _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks,
+    # metadata=None): metadata (torch._utils.get_tensor_metadata) carries what the bytes alone
+    # do not say, such as a conjugate or negative bit; such a tensor is not a plain one.
+    plain = len(rest) < 3 or not rest[2]
+    return (storage, offset, tuple(size), tuple(stride), plain)
+
+
+def parse_tail(tail: bytes | bytearray, length: int) -> dict[str, tuple[int, int]] | None:
+    """Records of a container from its last bytes: {name without root: (local header offset,
+    size)}, or None when ``tail`` does not reach back to the central directory."""
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + _END.size > len(tail):
+        return None
+    _, _, _, _, count, cd_size, cd_off, _ = _END.unpack_from(tail, at)
+    loc = at - _LOCATOR.size
+    if (cd_off == _BIG or cd_size == _BIG or count == 0xFFFF) and loc >= 0 and tail[loc : loc + 4] == b"PK\x06\x07":
+        end64 = _LOCATOR.unpack_from(tail, loc)[2] - (length - len(tail))
+        if end64 < 0:
+            return None
+        (_, _, _, _, _, _, _, count, cd_size, cd_off) = _END64.unpack_from(tail, end64)
+    pos = cd_off - (length - len(tail))
+    if pos < 0:
+        return None
+    out = {}
+    for _ in range(count):
+        f = _CENTRAL.unpack_from(tail, pos)
+        size, nlen, xlen, clen, off = f[9], f[10], f[11], f[12], f[16]
+        name = bytes(tail[pos + 46 : pos + 46 + nlen]).decode()
+        x = pos + 46 + nlen
+        extra_end = x + xlen
+        while x + 4 <= extra_end:
+            xid, xl = struct.unpack_from("<HH", tail, x)
+            if xid == 1:
+                vals = list(struct.unpack_from(f"<{xl // 8}Q", tail, x + 4))
+                if size == _BIG:
+                    size = vals.pop(0)
+                    vals.pop(0)  # compressed size: the same for stored records
+                if off == _BIG and vals:
+                    off = vals.pop(0)
+            x += 4 + xl
+        out[name.split("/", 1)[1] if "/" in name else name] = (off, size)
+        pos += 46 + nlen + xlen + clen
+    return out
+
+
+def local_data_offset(head: bytes | bytearray, at: int) -> int | None:
+    """Offset of the data of the record whose local header starts at ``at`` of ``head``."""
+    if at + _LOCAL.size > len(head) or head[at : at + 4] != b"PK\x03\x04":
+        return None
+    f = _LOCAL.unpack_from(head, at)
+    return at + _LOCAL.size + f[9] + f[10]
+
+
+def parse(head: bytes | bytearray, tail: bytes | bytearray, length: int) -> Stored | None:
+    """The tensor of a container from its first and last bytes (``length`` in all), or None
+    when they do not suffice or it is not a plain contiguous tensor (then torch.load it)."""
+    records = parse_tail(tail, length)
+    if (
+        records is None
+        or "data.pkl" not in records
+        or "data/0" not in records
+        or len([n for n in records if n.startswith("data/")]) != 1
+    ):
+        return None
+    pkl_off, pkl_size = records["data.pkl"]
+    start = local_data_offset(head, pkl_off)
+    data_lh = records["data/0"][0]
+    data = local_data_offset(head, data_lh)
+    if start is None or data is None or start + pkl_size > len(head):
+        return None
+    try:
+        got = _MetaUnpickler(io.BytesIO(head[start : start + pkl_size])).load()
+    except Exception:
+        return None
+    if not (isinstance(got, tuple) and len(got) == 5 and isinstance(got[0], tuple) and got[4]):
+        return None  # not a plain tensor (its metadata, e.g. a conjugate bit, says more): torch.load it
+    (_, dtype, _, _, numel), offset, shape, stride, _ = got
+    count = 1
+    for n in shape:
+        count *= n
+    if stride != contiguous_strides(shape) and count > 1:
+        return None
+    if offset + count > numel or numel * dtype.itemsize > records["data/0"][1]:
+        return None
+    return Stored(data, dtype, shape, offset)

@@ -1,0 +1,255 @@
+"""DCP ``StorageWriter`` of DCP's own file format at the disk's speed (docs/checkpoint.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import pickle
+import secrets
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix  # DCP's own records of where items lie
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from ... import _hostreg
+from . import container as _container
+from .files import _DCP_VERSION, BLOCK, METADATA, MIN_DIRECT, SUFFIX, IoStats, _fsync_dir, _open_to_replace
+from .parts import _FileLayout, _PartWriter
+
+
+class FileSystemWriter(StorageWriter):
+    """DCP ``StorageWriter`` whose files are DCP's own format, written at the disk's speed.
+
+    Use it as ``dcp.save(sd, storage_writer=FileSystemWriter(path))`` or
+    ``dcp.async_save(sd, storage_writer=..., async_stager=hostreg.torch.Stager(...))``, with
+    either async checkpointer type (it pickles) and any stager.
+
+    Args:
+        path: the checkpoint's directory (made if missing).
+        single_file_per_rank: one file per rank (``__{rank}_0.distcp``); else one per item.
+        sync_files: make the data durable before ``.metadata`` is written (``fdatasync`` of
+            every file and ``fsync`` of the directory), and ``.metadata`` durable too
+            (temporary name, ``fsync``, ``rename``, ``fsync`` of the directory).
+        thread_count: requests in flight per file (threads of the C core), >= 1.
+        overwrite: allow a directory that holds a checkpoint; its ``.metadata`` is removed
+            before any data is written, so a save that dies half-way leaves a directory that
+            does not load. ``False`` raises ``RuntimeError`` as DCP's writer does.
+        direct_io: use ``O_DIRECT`` where the filesystem allows (else the page cache, said once
+            in a ``hostreg`` log line).
+
+    Tensors are written from their own memory: a hostreg arena's, or any contiguous CPU
+    tensor's; other tensors are first made contiguous CPU tensors (``copied_bytes`` in
+    :attr:`stats`). A tensor that ``torch.save`` would pickle otherwise (quantized, sparse, a
+    dtype with no legacy storage class) is written by ``torch.save`` itself, as DCP does.
+    I/O failures raise ``OSError`` with the errno (``ENOSPC``, ``EIO``) from ``write_data``,
+    which DCP reports as a ``CheckpointException``; no ``.metadata`` is written then, and this
+    rank's partial file is removed.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        single_file_per_rank: bool = True,
+        sync_files: bool = True,
+        thread_count: int = 4,
+        overwrite: bool = True,
+        *,
+        direct_io: bool = True,
+    ) -> None:
+        super().__init__()
+        if isinstance(thread_count, bool) or not isinstance(thread_count, int) or thread_count < 1:
+            raise ValueError(f"thread_count must be an int >= 1, got {thread_count!r}")
+        self.path = os.fspath(path)
+        self.single_file_per_rank = single_file_per_rank
+        self.sync_files = sync_files
+        self.thread_count = thread_count
+        self.overwrite = overwrite
+        self.direct_io = direct_io
+        self.save_id = secrets.token_hex(16)
+        self.rank: int | None = None
+        self.use_collectives = True
+        self.stats = IoStats()  #: what this rank's last write_data did
+
+    # -- DCP's protocol --
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        if checkpoint_id:
+            self.path = os.fspath(checkpoint_id)
+        self.save_id = secrets.token_hex(16)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.rank = kwargs.get("rank")
+        self.use_collectives = kwargs.get("use_collectives", True)
+
+    def _metadata_path(self, rank: int | None = None) -> str:
+        return os.path.join(self.path, METADATA if rank is None else f"__{rank}{METADATA}")
+
+    def _own_metadata(self) -> str:
+        return self._metadata_path(self.rank if not self.use_collectives and self.rank is not None else None)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        os.makedirs(self.path, exist_ok=True)
+        meta = self._own_metadata()
+        if not self.use_collectives and self.rank is not None:
+            plan = dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{self.rank}_"))
+        if os.path.exists(meta):
+            if not self.overwrite:
+                raise RuntimeError(f"Checkpoint already exists and self.overwrite={self.overwrite}.")
+            if not self.use_collectives:
+                self._drop_metadata(meta)
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        # The coordinator, before any rank writes data: an old checkpoint here stops loading.
+        self._drop_metadata(self._metadata_path())
+        return [
+            dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_")) if p.storage_data is None else p
+            for i, p in enumerate(plans)
+        ]
+
+    def _drop_metadata(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        if self.sync_files:
+            _fsync_dir(self.path)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        prefix = plan.storage_data.prefix
+        self.stats = IoStats()
+        # Each item's data is resolved as its part is laid out (while the part before it is
+        # being written), not all before the first byte is written.
+        resolved = ((item, planner.resolve_data(item)) for item in plan.items)
+        groups: Any = [resolved] if self.single_file_per_rank else ([x] for x in resolved)
+        results: list[WriteResult] = []
+        for n, group in enumerate(groups):
+            results += self._write_file(f"{prefix}{n}{SUFFIX}", group)
+        if self.sync_files:
+            _fsync_dir(self.path)  # the new files' names are durable too
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        metadata.version = _DCP_VERSION
+        metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
+        metadata.storage_meta = self.storage_meta()
+        final = self._own_metadata()
+        tmp = final + ".tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(metadata, f)
+            if self.sync_files:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, final)
+        if self.sync_files:
+            _fsync_dir(self.path)
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        from torch.distributed.checkpoint.filesystem import FileSystem
+
+        return FileSystem.validate_checkpoint_id(checkpoint_id)
+
+    # -- the file --
+
+    def _write_file(self, name: str, items: Any) -> list[WriteResult]:
+        """Lays out and writes one file of ``items`` ((WriteItem, data) pairs) in parts."""
+        path = os.path.join(self.path, name)
+        fd = _open_to_replace(path, self.direct_io)
+        parts = _PartWriter(fd, self.thread_count, self.stats)
+        try:
+            results, lay = self._lay_out(name, items, parts)
+            parts.submit(lay, _hostreg.IO_SYNC if self.sync_files else 0)
+            parts.wait()
+        except BaseException:
+            parts.drain()
+            try:
+                os.unlink(path)  # a partial file is no part of any checkpoint
+            except OSError:
+                pass
+            raise
+        finally:
+            os.close(fd)
+        return results
+
+    def _lay_out(self, name: str, items: Any, parts: _PartWriter) -> tuple[list[WriteResult], _FileLayout]:
+        """Every item's container, in file order; full parts go to ``parts`` as they are laid
+        out. Returns the results and the last part (not yet written)."""
+        lay = _FileLayout()
+        sid = f"{int(self.save_id, 16):040d}".encode()  # 40 digits, as torch.save writes its ids
+        align = _container.STORAGE_ALIGNMENT
+        results = []
+        for item, data in items:
+            if lay.full():  # handed over once another item comes: the last part is never empty
+                lay.close_part()
+                parts.submit(lay, _hostreg.IO_MORE)
+                lay = _FileLayout(lay.pos)
+            start = lay.pos
+            if item.type == WriteItemType.BYTE_IO:
+                lay.add_bytes(data.getbuffer())
+            else:
+                t = self._writable(data)
+                if t is None:  # torch.save it, as DCP does
+                    buf = io.BytesIO()
+                    torch.save(data.detach().cpu().clone(), buf)
+                    lay.add_bytes(buf.getbuffer())
+                else:
+                    start = self._add_tensor(lay, t, align, sid)
+            lay.items += 1
+            results.append(
+                WriteResult(
+                    index=item.index,
+                    size_in_bytes=lay.pos - start,
+                    storage_data=_StorageInfo(name, start, lay.pos - start),
+                )
+            )
+        return results, lay
+
+    def _writable(self, data: Any) -> torch.Tensor | None:
+        """A contiguous CPU tensor with ``data``'s values, or None for torch.save's own path."""
+        t = data.detach()
+        if not _container.encodable(t):
+            return None
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
+        if t.device.type != "cpu" or not t.is_contiguous():
+            t = t.cpu().contiguous()  # not Tensor.to(memory_format=...): that returns a CPU tensor as it is
+            self.stats.copied_bytes += t.numel() * t.element_size()
+        return t
+
+    @staticmethod
+    def _add_tensor(lay: _FileLayout, t: torch.Tensor, align: int, sid: bytes) -> int:
+        nbytes = t.numel() * t.element_size()
+        ptr = t.data_ptr() if nbytes else 0
+        start = lay.pos + (ptr - lay.pos) % align  # the data's offset in the container: a multiple of align
+        lay.add_bytes(bytes(start - lay.pos))
+        step = BLOCK if nbytes >= MIN_DIRECT else align  # congruent to memory: O_DIRECT from it
+
+        def data_at(first: int) -> int:
+            at = first + (ptr - first) % step
+            return at + step if 0 < at - first < 4 else at
+
+        c = _container.layout(_container.tensor_pickle(t.dtype, tuple(t.shape)), nbytes, start, data_at, sid)
+        lay.add_bytes(c.head)
+        if nbytes == 0:
+            lay.add_bytes(c.tail)  # its CRC fields hold 0, the CRC-32 of no bytes
+            return start
+        data = lay.add_tensor(t, nbytes)
+        tail_piece = lay.add_bytes(c.tail)
+        for at in c.crc_at:
+            lay.patches.append((data, tail_piece, at))
+        return start
