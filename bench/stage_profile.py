@@ -89,7 +89,7 @@ def restage(sd: dict, repeats: int) -> dict[str, float]:
     with ht.Stager() as stager:
         stager.stage(sd)
         stager.stage(sd)
-        slot = stager._pool[0]
+        slot = stager._pool.slots[0]
         flat = _layout.flatten_checked(sd)
         key = _sources.source_key(flat[0])
         phases["flatten + type check"] = best(lambda: _layout.flatten_checked(sd), repeats)

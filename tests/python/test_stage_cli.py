@@ -223,7 +223,10 @@ def test_tied_weights_and_views_count_their_bytes_once(tmp_path: Path, engine: s
 
 def test_an_interrupted_probe_stops_its_threads_and_leaves_no_file(tmp_path: Path):
     code = """
-import _thread, os, shutil, sys, threading
+import _thread, os, shutil, signal, sys, threading
+# Ctrl-C as in a terminal, whatever this process inherited (a shell's background job starts
+# with SIGINT ignored, and then interrupt_main() does nothing)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from hostreg.cli import ceiling
 shutil.which = lambda name: None  # the probe of its own, not fio
 write = os.pwrite
