@@ -516,3 +516,27 @@ def test_doctor_reports_an_invalid_max_registration_as_staging_does(monkeypatch)
         [HOSTREG, "stage", "--model", "tiny"], capture_output=True, text=True, env={**os.environ, **env}, timeout=300
     )
     assert r.returncode == 1 and "HOSTREG_MAX_REGISTRATION=abc is not a positive number of bytes" in r.stderr
+
+
+def test_doctor_command_runs_where_torch_is_not_installed():
+    """The command line (``hostreg doctor``, ``--help``, ``python -m hostreg``) needs no torch: a
+    wheel installed without it must still diagnose. torch is made unimportable here (a
+    ``sys.modules`` entry of None makes ``import torch`` raise ImportError)."""
+    code = """
+import sys
+sys.modules["torch"] = None
+from hostreg import cli
+for argv in (["--help"], ["doctor"]):
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:  # argparse's --help
+        rc = e.code
+    print("RC", argv[0], rc)
+print("TORCH", "torch" in sys.modules and sys.modules["torch"] is not None)
+"""
+    r = run_python(code, env={"COLUMNS": "120", "HOSTREG_BACKEND": "posix"})
+    assert r.returncode == 0, r.stderr
+    assert "RC --help 0" in r.stdout and "RC doctor 0" in r.stdout and "TORCH False" in r.stdout, r.stdout + r.stderr
+    assert "not installed" in r.stdout, "the torch row says it is missing"
+    m = subprocess.run([sys.executable, "-m", "hostreg", "--help"], capture_output=True, text=True, timeout=120)
+    assert m.returncode == 0 and "doctor" in m.stdout, m.stderr

@@ -161,7 +161,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .models import DEFAULT_MODEL, MODELS
+    from .shapes import DEFAULT_MODEL, MODELS  # not .models: that imports torch
 
     parser = argparse.ArgumentParser(
         prog="hostreg", description="Page-locked host memory through cudaHostRegister, on any accelerator or none."
