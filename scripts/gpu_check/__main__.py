@@ -101,8 +101,9 @@ class Ctx:
 
 
 def model_names() -> list[str]:
-    """The shapes of hostreg.cli.models, read from the source: arguments are checked before the build."""
-    spec = importlib.util.spec_from_file_location("_hostreg_models", REPO / "python" / "hostreg" / "cli" / "models.py")
+    """The shapes of hostreg.cli.models, read from the source (hostreg/cli/shapes.py, which imports
+    nothing of the package and no torch): arguments are checked before the build."""
+    spec = importlib.util.spec_from_file_location("_hostreg_shapes", REPO / "python" / "hostreg" / "cli" / "shapes.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[spec.name] = module  # (dataclasses look their module up)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
