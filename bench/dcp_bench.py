@@ -38,14 +38,11 @@ import gc
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -59,76 +56,16 @@ from torch.distributed.checkpoint import state_dict_saver
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 import hostreg.torch as ht
-from hostreg.cli.models import GPT, MODELS
 
-MiB = 1 << 20
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import MiB, ascend_state, free_port, fsdp_state_dict, plain_state_dict, state_bytes  # noqa: E402
+
 STAGERS = ["hostreg sync", "hostreg async", "DCP pinned sync", "DCP async"]
 CHECKPOINTERS = ["thread", "process"]
 PHASES = ["cold", "warm"]
 
 
-# ---- state dicts ------------------------------------------------------------------------------
-
-
-def plain_state_dict(count: int, nbytes: int) -> dict[str, Any]:
-    """``{"model": {count fp32 tensors of nbytes}}``. Nested, as applications pass state dicts
-    to DCP ({"model": ..., "optim": ...}): torch 2.13's async_save wraps every top-level value
-    in a logging decorator in the caller's thread (_stateful_to_state_dict), about 40 us per
-    top-level key whatever the stager, which a flat dict of 8,192 tensors would add to every
-    "blocked" time alike."""
-    return {"model": {f"t{i}": torch.full((nbytes // 4,), 0.5 + i % 7) for i in range(count)}}
-
-
-def fsdp_state_dict(model_name: str, world: int) -> dict[str, Any]:
-    """A GPT-shaped model sharded by FSDP2 over this process group, with AdamW state."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (world,))
-    with torch.device("meta"):
-        model = GPT(MODELS[model_name])
-    for block in model.h:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    model.to_empty(device="cpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    with torch.no_grad():
-        for i, p in enumerate(model.parameters()):
-            p.to_local().fill_(0.01 * (1 + i % 5))
-            p.grad = torch.zeros_like(p)
-    opt.step()  # AdamW makes its state (exp_avg, exp_avg_sq, step) here
-    opt.zero_grad()
-    msd, osd = get_state_dict(model, opt)
-    return {"model": msd, "optim": osd}
-
-
-def state_bytes(sd: Any) -> int:
-    from torch.utils._pytree import tree_leaves
-
-    total = 0
-    for v in tree_leaves(sd):
-        if isinstance(v, torch.Tensor):
-            v = v.to_local() if hasattr(v, "to_local") else v
-            total += v.nbytes
-    return total
-
-
 # ---- stagers ---------------------------------------------------------------------------------
-
-
-@contextmanager
-def ascend_state() -> Iterator[None]:
-    """torch.cuda.cudart() None (as under transfer_to_npu), hostreg's drop-in installed."""
-    original = torch.cuda.cudart
-    torch.cuda.cudart = lambda: None  # type: ignore[assignment]
-    ht.install()
-    try:
-        yield
-    finally:
-        gc.collect()  # PyTorch's finalizers unpin through torch.cuda.cudart(): while installed
-        ht.uninstall()
-        torch.cuda.cudart = original  # type: ignore[assignment]
 
 
 def make_stager(name: str) -> Any:
@@ -217,12 +154,6 @@ def rank_main(rank: int, world: int, port: int, case: dict, opts: dict, out: str
             json.dump({"bytes": total, "samples": slowest}, f)
     dist.barrier()
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_case(case: dict, opts: dict) -> dict:

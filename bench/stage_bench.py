@@ -29,6 +29,8 @@ import argparse
 import ctypes
 import gc
 import mmap
+import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -38,24 +40,11 @@ from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_st
 import hostreg
 import hostreg.torch as ht
 from hostreg import _hostreg
-from hostreg.cli.models import GPT, MODELS
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import gpt_state_dict, small_state_dict  # noqa: E402
 
 libc = ctypes.CDLL(None, use_errno=True)
-
-
-def gpt_state_dict(name: str) -> dict[str, torch.Tensor]:
-    """A GPT-shaped state dict with cheap, non-zero values (source memory made warm)."""
-    with torch.device("meta"):
-        model = GPT(MODELS[name])
-    model.to_empty(device="cpu")
-    sd = model.state_dict()
-    for i, t in enumerate(sd.values()):
-        t.fill_(0.5 + i % 7)
-    return sd
-
-
-def small_state_dict(count: int = 5000, nbytes: int = 16 * 1024) -> dict[str, torch.Tensor]:
-    return {f"t{i}": torch.full((nbytes // 4,), float(i)) for i in range(count)}
 
 
 def nbytes_of(sd: dict[str, torch.Tensor]) -> int:
