@@ -52,24 +52,29 @@ def first_stage(sd: dict, repeats: int) -> dict[str, float]:
     phases["layout (grouping, leaf records)"] = best(lambda: _layout.layout_of(sd, flat), repeats)
     phases["arena (memory made, populated, registered)"] = best(lambda: _arena.Arena(layout.nbytes), repeats)
     arena = _arena.Arena(layout.nbytes)
-    phases["span storages"] = best(lambda: arena.span_storages(layout), repeats)
-    storages = arena.span_storages(layout)
-    phases["staged tensors (set_)"] = best(lambda: _arena.leaves_on(storages, layout), repeats)
-    leaves = _arena.leaves_on(storages, layout)
+    phases["span storages and staged tensors"] = best(lambda: arena.staged_leaves(layout), repeats)
+    _, leaves = arena.staged_leaves(layout)
     phases["staged dict (unflatten)"] = best(
         lambda: _tree.unflatten(layout.spec, leaves, copy.deepcopy(values)), repeats
     )
-    phases["copy plan (destinations measured)"] = best(lambda: _copy.CopyPlan(leaves, weak=True), repeats)
-    phases["keys (sources', destinations')"] = best(
+    phases["sources' key (for the plan)"] = best(lambda: _sources.source_key(tensors), repeats)
+    made_for = (_sources.source_key(tensors), layout.grouping)
+    dgroup = layout.grouping.as_destination()
+    phases["copy plan (destinations measured)"] = best(
+        lambda: _copy.CopyPlan(leaves, weak=True, made_for=made_for, grouping=dgroup), repeats
+    )
+    phases["keys again (sources', destinations')"] = best(
         lambda: (_sources.source_key(tensors), _sources.source_key(leaves)), repeats
     )
 
     def first_copy() -> None:
-        _copy.CopyPlan(leaves, weak=True).copy(tensors, key=(_sources.source_key(tensors), _sources.source_key(leaves)))
+        plan = _copy.CopyPlan(leaves, weak=True, made_for=made_for, grouping=dgroup)
+        skey = _sources.source_key(tensors)
+        plan.copy(tensors, key=(skey, _sources.source_key(leaves)), src_key=skey)
 
-    phases["first copy (check, group, memcpy batch)"] = (
+    phases["first copy (check, memcpy batch)"] = (
         best(first_copy, repeats)
-        - phases["keys (sources', destinations')"]
+        - phases["keys again (sources', destinations')"]
         - phases["copy plan (destinations measured)"]
     )
 

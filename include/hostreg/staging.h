@@ -11,6 +11,7 @@
 #define HOSTREG_STAGING_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "hostreg/hostreg.h"
 
@@ -73,6 +74,21 @@ HOSTREG_API int hostregPrepareMemory(void* ptr, size_t bytes, int fd);
  * and an array is NULL. */
 HOSTREG_API int hostregCopyBatch(void* const* dst, const void* const* src, const size_t* bytes, size_t n,
                                  unsigned int threads);
+
+/* Groups n byte ranges by the storage they lie in, as staging lays out a state dict: the
+ * tensors that share a storage share one span of the staging buffer. Range i is bytes
+ * [first[i], end[i]) of the storage whose address is key[i], in address space domain[i] (0:
+ * host memory, one number per device otherwise; domain may be NULL: all 0). A range with
+ * end[i] <= first[i] is empty: group[i] = -1. A range with alone[i] != 0 (alone may be NULL:
+ * none) gets a span of its own, [0, end[i] - first[i]). The others of one storage share a
+ * span from their lowest first, rounded down to a multiple of align, to their highest end.
+ * Spans are numbered in the order of their first range. Writes group[i] and offset[i] (bytes
+ * from the span's start to first[i]; 0 for empty and alone ranges) for i < n, and
+ * span_start[g], span_bytes[g] for g < *spans; every output array holds n entries. Returns
+ * 0, or 1 when n > 0 and a required array is NULL, or align is 0. */
+HOSTREG_API int hostregGroupRanges(size_t n, const uint64_t* key, const uint32_t* domain, const uint64_t* first,
+                                   const uint64_t* end, const unsigned char* alone, size_t align, int64_t* group,
+                                   uint64_t* offset, uint64_t* span_start, uint64_t* span_bytes, size_t* spans);
 
 /* ---- Staging buffers: a state dict's staging memory, owned whole ---- */
 

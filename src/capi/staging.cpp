@@ -12,6 +12,7 @@
 #include "capi/capi.hpp"
 #include "staging/chunked_registration.hpp"
 #include "staging/copy.hpp"
+#include "staging/layout.hpp"
 #include "staging/shared_memory.hpp"
 #include "staging/staging_buffer.hpp"
 
@@ -129,6 +130,17 @@ void hostregStagingBufferDestroy(hostregStagingBuffer* b) { delete cxx(b); }
 int hostregCopyBatch(void* const* dst, const void* const* src, const size_t* bytes, size_t n, unsigned int threads) {
     if (n > 0 && (!dst || !src || !bytes)) return null_out("dst, src or bytes", __func__);
     hostreg::copy_batch(dst, src, bytes, n, threads);
+    return hostregSuccess;
+}
+
+int hostregGroupRanges(size_t n, const uint64_t* key, const uint32_t* domain, const uint64_t* first,
+                       const uint64_t* end, const unsigned char* alone, size_t align, int64_t* group, uint64_t* offset,
+                       uint64_t* span_start, uint64_t* span_bytes, size_t* spans) {
+    if (spans == nullptr) return null_out("spans", __func__);
+    if (n > 0 && (!key || !first || !end || !group || !offset || !span_start || !span_bytes))
+        return null_out("key, first, end or an output array", __func__);
+    if (align == 0) return record(Status::error(hostregErrorInvalidValue, "align must be > 0"), __func__);
+    hostreg::group_ranges(n, {key, domain, first, end, alone}, align, {group, offset, span_start, span_bytes, spans});
     return hostregSuccess;
 }
 

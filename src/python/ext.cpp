@@ -19,4 +19,5 @@ NB_MODULE(_hostreg, m) {
     bind_registration(m);
     bind_staging(m);
     bind_io(m);
+    bind_batch(m);
 }

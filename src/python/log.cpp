@@ -52,8 +52,8 @@ namespace {
 // call: an exception cannot pass through C, so a KeyboardInterrupt raised there is kept for
 // this thread and raised by the binding once the C call has returned (raise_pending); any
 // other exception is reported as unraisable.
-PyObject* g_log_sink = nullptr;                                     // a strong reference, kept until exit
-thread_local PyObject* t_pending[3] = {nullptr, nullptr, nullptr};  // type, value, traceback
+PyObject* g_log_sink = nullptr;              // a strong reference, kept until exit
+thread_local PyObject* t_pending = nullptr;  // a KeyboardInterrupt the sink raised (take_error)
 
 PyObject* text(const char* s) {  // hostreg's messages may quote bytes that are not UTF-8
     return PyUnicode_DecodeUTF8(s, static_cast<Py_ssize_t>(std::strlen(s)), "backslashreplace");
@@ -63,21 +63,20 @@ void to_sink(void*, int level, const char* call, int code, long long native, con
     if (!interpreter_running()) return;
     PyGILState_STATE g = PyGILState_Ensure();
     if (PyObject* sink = g_log_sink) {
-        Py_INCREF(sink);  // set_log_sink() may replace it while it runs
-        PyObject *type, *value, *trace;
-        PyErr_Fetch(&type, &value, &trace);  // an exception being raised stays as it was
+        Py_INCREF(sink);                // set_log_sink() may replace it while it runs
+        PyObject* held = take_error();  // an exception being raised stays as it was
         PyObject* args = Py_BuildValue("(isiLNN)", level, call, code, native, text(message),
                                        t_label ? text(t_label) : (Py_INCREF(Py_None), Py_None));
         PyObject* r = args ? PyObject_Call(sink, args, nullptr) : nullptr;
         Py_XDECREF(args);
         if (r) {
             Py_DECREF(r);
-        } else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) && !t_pending[0]) {
-            PyErr_Fetch(&t_pending[0], &t_pending[1], &t_pending[2]);
+        } else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) && !t_pending) {
+            t_pending = take_error();
         } else {
             PyErr_WriteUnraisable(sink);  // a failing logging handler must not fail the call
         }
-        PyErr_Restore(type, value, trace);
+        restore_error(held);
         Py_DECREF(sink);
     }
     PyGILState_Release(g);
@@ -87,9 +86,9 @@ void to_sink(void*, int level, const char* call, int code, long long native, con
 
 // After a C call, with the GIL: the KeyboardInterrupt the log sink raised during it, if any.
 void raise_pending() {
-    if (!t_pending[0]) return;
-    PyErr_Restore(t_pending[0], t_pending[1], t_pending[2]);
-    t_pending[0] = t_pending[1] = t_pending[2] = nullptr;
+    if (!t_pending) return;
+    restore_error(t_pending);
+    t_pending = nullptr;
     throw nb::python_error();
 }
 

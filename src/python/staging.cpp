@@ -1,5 +1,5 @@
-// staging.cpp: staging buffers (include/hostreg/staging.h) owned by Python objects, and views
-// of memory handed to torch as DLPack capsules; see common.hpp for the extension's files.
+// staging.cpp: staging buffers (include/hostreg/staging.h) owned by Python objects, and the
+// views of them made for torch (views.cpp makes the capsules); see common.hpp for the files.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "common.hpp"
-#include "dlpack_abi.hpp"
 #include "hostreg/hostreg.h"
 #include "hostreg/staging.h"
 
@@ -52,50 +51,6 @@ class StagingBuffer {
     hostregStagingBuffer* b_;
 };
 
-struct BytesView {
-    DLManagedTensor managed;
-    int64_t shape[1];
-    PyObject* owner;
-    bool unregister = false;  // pinned_view: undo the owner's registration first (owner.live)
-};
-
-// The owner's registration of the view's bytes, undone here in C when owner.live is true: a
-// Python finalizer could be interrupted (a KeyboardInterrupt raised at its first line is
-// ignored there) and leave freed memory registered. Called with the GIL.
-void unregister_owned(BytesView* v) {
-    PyObject *type, *value, *trace;
-    PyErr_Fetch(&type, &value, &trace);  // the caller's exception in flight (an interrupt) stays its own
-    PyObject* live = PyObject_GetAttrString(v->owner, "live");
-    const int on = live ? PyObject_IsTrue(live) : 0;
-    Py_XDECREF(live);
-    if (on == 1) {
-        hostregHostUnregister(v->managed.dl_tensor.data);
-        PyObject_SetAttrString(v->owner, "live", Py_False);
-    }
-    if (PyErr_Occurred()) PyErr_WriteUnraisable(v->owner);
-    PyErr_Restore(type, value, trace);
-}
-
-void drop_view(DLManagedTensor* m) {
-    auto* v = static_cast<BytesView*>(m->manager_ctx);
-    // Any thread may free the last tensor; at interpreter exit the owner is left to the OS.
-    if (interpreter_running()) {
-        PyGILState_STATE g = PyGILState_Ensure();
-        if (v->unregister) unregister_owned(v);
-        Py_DECREF(v->owner);
-        PyGILState_Release(g);
-    }
-    delete v;
-}
-
-void capsule_gone(PyObject* capsule) {
-    // Never handed to torch (which renames it "used_dltensor"): free it here.
-    if (PyCapsule_IsValid(capsule, "dltensor")) {
-        auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
-        m->deleter(m);
-    }
-}
-
 // The Python object owning b (None for a null b), entered in live_buffers().
 nb::object own(hostregStagingBuffer* b) {
     if (!b) {
@@ -127,24 +82,36 @@ nb::object staging_buffer_of(uintptr_t ptr, size_t nbytes) {
     return nb::borrow(obj);
 }
 
-// A DLPack capsule of nbytes uint8 at ptr whose tensors keep owner (any object) alive; with
-// unregister, the release of the last of them first undoes the registration at ptr when
-// owner.live is true (see unregister_owned).
-nb::object view_of(nb::handle owner, uintptr_t ptr, size_t nbytes, bool unregister = false) {
-    auto* v = new BytesView{};
-    v->unregister = unregister;
-    v->shape[0] = static_cast<int64_t>(nbytes);
-    v->owner = owner.ptr();
-    Py_INCREF(v->owner);
-    v->managed.dl_tensor = DLTensor{as_ptr(ptr), DLDevice{1, 0}, 1, DLDataType{1, 8, 1}, v->shape, nullptr, 0};
-    v->managed.manager_ctx = v;
-    v->managed.deleter = drop_view;
-    PyObject* cap = PyCapsule_New(&v->managed, "dltensor", capsule_gone);
-    if (!cap) {
-        drop_view(&v->managed);
-        throw nb::python_error();
+// One DLPack capsule per tensor of a staging buffer, each of its own dtype (DLPack's code and
+// bits), shape and strides (in elements) at its address, keeping the buffer alive while any
+// tensor made from it lives: torch.from_dlpack makes each a tensor whose storage holds exactly
+// its bytes. Refuses (ValueError) a tensor whose bytes are not inside the buffer.
+nb::list typed_views(nb::handle owner, const std::vector<uintptr_t>& ptrs, const std::vector<uint32_t>& dtypes,
+                     const std::vector<std::vector<int64_t>>& shapes,
+                     const std::vector<std::vector<int64_t>>& strides) {
+    const auto& buf = nb::cast<const StagingBuffer&>(owner);
+    const size_t n = ptrs.size();
+    if (dtypes.size() != n || shapes.size() != n || strides.size() != n)
+        throw nb::value_error("typed_views: ptrs, dtypes, shapes and strides must have the same length");
+    nb::list out;
+    for (size_t i = 0; i < n; ++i) {
+        const auto& shape = shapes[i];
+        const auto& stride = strides[i];
+        const uint64_t itemsize = (dtypes[i] >> 8) / 8;
+        if (stride.size() != shape.size() || itemsize == 0 || (dtypes[i] >> 8) % 8 != 0 || dtypes[i] >> 16)
+            throw nb::value_error("typed_views: a shape and its strides differ in length, or a dtype has no bytes");
+        uint64_t last = 0;  // the elements lie in [ptr, ptr + (last + 1) * itemsize)
+        for (size_t d = 0; d < shape.size(); ++d) {
+            if (shape[d] <= 0 || stride[d] < 0)
+                throw nb::value_error("typed_views: an empty tensor, or a negative stride, has no view here");
+            last += static_cast<uint64_t>(shape[d] - 1) * static_cast<uint64_t>(stride[d]);
+        }
+        const uint64_t extent = (last + 1) * itemsize;
+        if (ptrs[i] < buf.data_ptr() || extent > buf.size() || ptrs[i] - buf.data_ptr() > buf.size() - extent)
+            throw nb::value_error("typed_views: a tensor's bytes are not inside the staging buffer");
+        out.append(typed_view(owner, ptrs[i], dtypes[i], shape, stride));
     }
-    return nb::steal(cap);
+    return out;
 }
 
 // Refuses (ValueError) a range that is not inside the buffer: a view past its end would read
@@ -232,6 +199,10 @@ void bind_staging(nb::module_& m) {
     m.def("bytes_view", &bytes_view, nb::arg("owner"), nb::arg("ptr"), nb::arg("nbytes"),
           "A DLPack capsule of nbytes uint8 at ptr (for torch.from_dlpack) that keeps owner alive while any "
           "tensor made from it lives.");
+    m.def("typed_views", &typed_views, nb::arg("owner"), nb::arg("ptrs"), nb::arg("dtypes"), nb::arg("shapes"),
+          nb::arg("strides"),
+          "DLPack capsules (for torch.from_dlpack) of tensors in a StagingBuffer: dtypes as DLPack's code | bits << 8, "
+          "shapes and strides in elements; each keeps owner alive while any tensor made from it lives.");
     m.def("view_of", &view_of, nb::arg("owner"), nb::arg("ptr"), nb::arg("nbytes"), nb::arg("unregister") = false,
           "bytes_view for memory any owner object vouches for (the caller: it must stay valid while owner "
           "lives); owner is released when the last tensor made from the capsule is freed. unregister: first "
@@ -267,19 +238,6 @@ void bind_staging(nb::module_& m) {
         },
         nb::arg("ptr"), nb::arg("nbytes"), nb::arg("fd") = -1,
         "hostregPrepareMemory: allocate and map every page without changing bytes. Returns a cudaError number.");
-    m.def(
-        "copy_batch",
-        [](const std::vector<uintptr_t>& dst, const std::vector<uintptr_t>& src, const std::vector<size_t>& nbytes,
-           unsigned threads) {
-            if (dst.size() != src.size() || dst.size() != nbytes.size())
-                throw nb::value_error("copy_batch: dst, src and nbytes must have the same length");
-            nb::gil_scoped_release nogil;
-            return hostregCopyBatch(reinterpret_cast<void* const*>(dst.data()),
-                                    reinterpret_cast<const void* const*>(src.data()), nbytes.data(), dst.size(),
-                                    threads);
-        },
-        nb::arg("dst"), nb::arg("src"), nb::arg("nbytes"), nb::arg("threads") = 0,
-        "hostregCopyBatch over lists of addresses and byte counts (the caller vouches for them).");
 }
 
 }  // namespace hostreg_py

@@ -834,6 +834,106 @@ def test_a_restage_of_unchanged_sources_replays_the_last_copy_and_follows_every_
         st.close()
 
 
+def test_the_first_copy_after_create_takes_the_layouts_grouping_only_for_the_same_sources(monkeypatch):
+    # create_cpu_state_dict has grouped the sources for the layout: the copy that follows, from
+    # those very sources, must not group them again; from other sources (here: untied where the
+    # layout's were tied), it must, and it then refuses what would overwrite one with the other.
+    from hostreg.torch import _copy
+
+    calls = []
+    real_group = _copy.group
+    monkeypatch.setattr(_copy, "group", lambda ts: calls.append(len(ts)) or real_group(ts))
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(64, generator=g)
+    src = {"a": base[:32], "b": base[32:], "c": torch.randn(3, 5, generator=g).t()}
+    dst = ht.create_cpu_state_dict(src, pin_memory=False, share_memory=False)
+    calls.clear()  # create_cpu_state_dict measured the destinations' grouping for the plan
+    ht.copy_state_dict(src, dst)
+    assert calls == [], "the first copy grouped its sources again"
+    assert all(torch.equal(dst[k], src[k]) for k in src)
+    assert dst["a"].untyped_storage().data_ptr() == dst["b"].untyped_storage().data_ptr()  # one span, as the source
+    other = {"a": torch.randn(32, generator=g), "b": torch.randn(32, generator=g), "c": src["c"]}
+    with pytest.raises(ValueError, match="share storage"):  # untied sources into tied destinations
+        ht.copy_state_dict(other, dst)
+    assert calls, "sources other than the layout's were not grouped"
+    ht.copy_state_dict(src, dst)  # the layout's sources again, changed: grouped, copied span by span
+    assert all(torch.equal(dst[k], src[k]) for k in src)
+
+
+def test_a_layouts_destination_grouping_is_what_grouping_the_staged_tensors_gives():
+    # Copy plans of freshly staged tensors take their grouping from the layout instead of
+    # measuring them: it must be exactly the measured one, for every kind of leaf.
+    from hostreg.torch import _layout
+
+    g = torch.Generator().manual_seed(6)
+    base = torch.randn(10, 12, generator=g)
+    cplx = torch.randn(4, dtype=torch.complex64, generator=g)
+    sd = {
+        "tied": [base, base],
+        "views": {"row": base[3], "col": base[:, 5], "t": base.t(), "slice": base[2:7, 1:4]},
+        "odd": base.view(-1)[3:11],  # starts off the 16-byte grid of its storage
+        "conj": cplx.conj(),
+        "neg": torch._neg_view(torch.randn(5, generator=g)),
+        "expanded": torch.randn(1, 6, generator=g).expand(4, 6),
+        "empty": torch.empty(0, 3),
+        "scalar": torch.tensor(2.5),
+        "half": torch.randn(7, generator=g).half(),
+    }
+    layout, _, _ = _layout.layout_of(sd)
+    staged = ht.create_cpu_state_dict(sd, pin_memory=False, share_memory=False)
+    leaves, _, _ = _layout.flatten_checked(staged)
+    assert layout.grouping.as_destination() == _layout.group(leaves)
+    # Values too: a conjugate or negative view whose span index is not its tensor index (tied
+    # tensors before it) is resolved, not copied as its raw bytes.
+    ht.copy_state_dict(sd, staged)
+    for a, b in zip(_layout.flatten_checked(sd)[0], leaves):
+        assert torch.equal(a.resolve_conj().resolve_neg(), b)
+    with ht.Stager(pin_memory=False, share_memory=False) as stager:
+        for _ in range(2):  # the first stage and a replay
+            out = _layout.flatten_checked(stager.stage(sd))[0]
+            assert all(
+                torch.equal(a.resolve_conj().resolve_neg(), b) for a, b in zip(_layout.flatten_checked(sd)[0], out)
+            )
+            del out
+    with torch.device("meta"):
+        meta = {"w": torch.empty(3, 4), "v": torch.empty(5), "view": torch.empty(10)[3:], "e": torch.empty(4)[4:]}
+    layout, _, _ = _layout.layout_of(meta)
+    staged = ht.create_cpu_state_dict(meta, pin_memory=False, share_memory=False)
+    assert layout.grouping.as_destination() == _layout.group(list(staged.values()))
+
+
+def test_staged_tensors_of_every_dtype_hold_exactly_their_bytes():
+    # A tensor alone in its span is made over the arena as one DLPack view of its dtype, shape
+    # and strides; others (dtypes DLPack does not name here, tensors sharing a span) with set_.
+    dtypes = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16]
+    dtypes += [torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128]
+    dtypes += [getattr(torch, n) for n in ("float8_e4m3fn", "uint16", "uint32") if hasattr(torch, n)]
+    g = torch.Generator().manual_seed(8)
+    sd = {str(dt): (torch.randn(3, 5, generator=g) * 10).to(dt) for dt in dtypes}
+    sd["t"] = torch.randn(4, 6, generator=g).t()  # alone in its storage, transposed
+    sd["scalar"] = torch.tensor(7.0)
+    staged = ht.create_cpu_state_dict(sd, pin_memory=False, share_memory=False)
+    ht.copy_state_dict(sd, staged)
+    for k, v in sd.items():
+        got = staged[k]
+        assert (got.dtype, got.shape, got.stride()) == (v.dtype, v.shape, v.stride()), k
+        raw = got.dim() > 0 and got.is_contiguous()  # bytes compared: not every dtype has torch.equal
+        assert torch.equal(got.view(torch.uint8), v.view(torch.uint8)) if raw else torch.equal(got, v), k
+        assert got.untyped_storage().nbytes() == v.untyped_storage().nbytes(), k  # its bytes, no more
+    from hostreg import _hostreg
+    from hostreg.torch import _sharing
+
+    buf = _sharing.staging_buffer_of(staged["t"])
+    end = buf.data_ptr + buf.size
+    code = 2 | 32 << 8  # float32
+    with pytest.raises(ValueError, match="not inside the staging buffer"):
+        _hostreg.typed_views(buf, [end - 8], [code], [[4]], [[1]])  # 16 bytes, 8 of them past the end
+    with pytest.raises(ValueError, match="negative stride"):
+        _hostreg.typed_views(buf, [buf.data_ptr], [code], [[2]], [[-1]])
+    with pytest.raises(ValueError, match="same length"):
+        _hostreg.typed_views(buf, [buf.data_ptr], [], [[2]], [[1]])
+
+
 def test_copy_state_dict_replays_only_while_sources_and_destinations_stay_put():
     g = torch.Generator().manual_seed(4)
     src = {"w": torch.randn(8, 8, generator=g), "b": torch.randn(8, generator=g)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import NoReturn
 
 import torch
@@ -11,7 +12,7 @@ from .._core import HostRegisterFlags
 from .._errors import StagingError
 from . import _sharing
 from ._dtensor import wrap
-from ._layout import Layout
+from ._layout import Layout, beyond_address_space
 
 
 def raise_last(what: str) -> NoReturn:
@@ -53,10 +54,7 @@ class Arena:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         self.nbytes = nbytes
         if nbytes >= 1 << 64:  # no size_t holds it: the same failure the C core gives a size it cannot map
-            raise StagingError(
-                f"cannot stage {nbytes:,} bytes of staging memory: cudaErrorMemoryAllocation (2): more than a "
-                "64-bit address space holds (2**64 bytes)"
-            )
+            raise beyond_address_space(nbytes)
         code, buf = _hostreg.staging_buffer_create(max(nbytes, 1), share, pin, int(flags), max_chunk_bytes)
         if code != 0 or buf is None:
             raise_last(f"cannot {'register' if code in (712, 801) else 'stage'} {nbytes:,} bytes of staging memory")
@@ -85,6 +83,45 @@ class Arena:
         storage of its own holding exactly its bytes, which keeps the arena alive."""
         return _sharing.tensor_view(self.buffer, offset, shape, dtype)
 
+    def staged_leaves(self, layout: Layout) -> tuple[list[torch.UntypedStorage], list[torch.Tensor]]:
+        """(one storage per span of ``layout``, each holding exactly the span's bytes; every
+        leaf of ``layout`` over them, as :func:`leaves_on` makes them). A leaf alone in its span
+        from the span's first byte, of a dtype DLPack names, is made directly over the arena
+        (one DLPack view of its dtype, shape and strides, all made in one call), and its
+        storage is the span's; the others are views of their span's storage."""
+        g = layout.grouping
+        count = Counter(g.group)
+        direct = [
+            i
+            for i, (s, off, meta) in enumerate(zip(g.group, g.offset, layout.leaves))
+            if s >= 0 and off == 0 and count[s] == 1 and meta.dtype in _DLPACK
+        ]
+        storages: list[torch.UntypedStorage | None] = [None] * len(g.spans)
+        leaves: list[torch.Tensor | None] = [None] * len(g.group)
+        if direct:
+            base = self.buffer.data_ptr
+            metas = [layout.leaves[i] for i in direct]
+            caps = _hostreg.typed_views(
+                self.buffer,
+                [base + layout.span_offsets[g.group[i]] for i in direct],
+                [_DLPACK[m.dtype] for m in metas],
+                [m.shape for m in metas],
+                [m.stride for m in metas],
+            )
+            for i, t in zip(direct, map(torch.from_dlpack, caps)):
+                leaves[i] = t
+                storages[g.group[i]] = t.untyped_storage()
+        spans = [
+            st if st is not None else _sharing.storage_view(self.buffer, off, n)
+            for st, off, (_, n) in zip(storages, layout.span_offsets, g.spans)
+        ]
+        made = [leaf_on(spans, layout, i) if t is None else t for i, t in enumerate(leaves)]
+        for i in direct:
+            placement = layout.leaves[i].dtensor
+            if placement is not None:
+                made[i] = wrap(made[i], placement)
+        return spans, made
+
     def span_storages(self, layout: Layout) -> list[torch.UntypedStorage]:
         """One storage per span of ``layout``, each holding exactly the span's bytes."""
         return [
@@ -100,17 +137,35 @@ class Arena:
 def leaves_on(storages: list[torch.UntypedStorage], layout: Layout) -> list[torch.Tensor]:
     """New tensor objects for every leaf of ``layout`` over its span storages (DTensor leaves
     wrapped again with their mesh, placements, global shape and strides)."""
-    out: list[torch.Tensor] = []
-    g = layout.grouping
-    for i, meta in enumerate(layout.leaves):
-        span = g.group[i]
-        if span < 0:
-            t = torch.empty(meta.shape, dtype=meta.dtype)
-        else:
-            t = torch.empty(0, dtype=meta.dtype).set_(
-                storages[span], g.offset[i] // meta.dtype.itemsize, meta.shape, meta.stride
-            )
-        if meta.dtensor is not None:
-            t = wrap(t, meta.dtensor)
-        out.append(t)
-    return out
+    return [leaf_on(storages, layout, i) for i in range(len(layout.leaves))]
+
+
+def leaf_on(storages: list[torch.UntypedStorage], layout: Layout, i: int) -> torch.Tensor:
+    """A new tensor object for leaf ``i`` of ``layout`` over its span's storage."""
+    meta = layout.leaves[i]
+    span = layout.grouping.group[i]
+    if span < 0:
+        t = torch.empty(meta.shape, dtype=meta.dtype)
+    else:
+        t = torch.empty(0, dtype=meta.dtype).set_(
+            storages[span], layout.grouping.offset[i] // meta.dtype.itemsize, meta.shape, meta.stride
+        )
+    return wrap(t, meta.dtensor) if meta.dtensor is not None else t
+
+
+# torch dtypes as DLPack's (code | bits << 8) (dlpack.h: kDLInt 0, kDLUInt 1, kDLFloat 2,
+# kDLBfloat 4, kDLComplex 5), the ones every torch >= 2.4 takes from a capsule; the others
+# (bool, float8, the unsigned types wider than 8 bits) are made with set_.
+_DLPACK = {
+    torch.int8: 0 | 8 << 8,
+    torch.int16: 0 | 16 << 8,
+    torch.int32: 0 | 32 << 8,
+    torch.int64: 0 | 64 << 8,
+    torch.uint8: 1 | 8 << 8,
+    torch.float16: 2 | 16 << 8,
+    torch.float32: 2 | 32 << 8,
+    torch.float64: 2 | 64 << 8,
+    torch.bfloat16: 4 | 16 << 8,
+    torch.complex64: 5 | 64 << 8,
+    torch.complex128: 5 | 128 << 8,
+}

@@ -13,9 +13,11 @@ per span, on the given side stream if any) and synchronised before returning. An
 from __future__ import annotations
 
 import contextlib
-import gc
+import operator
 import weakref
 from collections.abc import Iterator
+from itertools import repeat
+from operator import is_
 from typing import Any
 
 import torch
@@ -23,7 +25,7 @@ import torch
 from .. import _hostreg
 from ._dtensor import local_of
 from ._layout import Grouping, group
-from ._sources import _check_sources, _extent, _leaf_key, _span_ptrs, refuse_overlap
+from ._sources import _apart, _check_sources, _extent, _leaf_key, _span_ptrs, _views, refuse_overlap
 
 
 class CopyPlan:
@@ -31,32 +33,46 @@ class CopyPlan:
     ``weak``, the plan holds them weakly (a plan cached beside their arena must not keep it
     alive)."""
 
-    def __init__(self, dst: list[torch.Tensor], weak: bool = False) -> None:
+    def __init__(
+        self,
+        dst: list[torch.Tensor],
+        weak: bool = False,
+        made_for: tuple | None = None,
+        grouping: Grouping | None = None,
+    ) -> None:
+        """``made_for``: (source_key, grouping) of the sources the destinations were laid out
+        for (by ``layout_of``), so that a first copy from exactly those sources does not group
+        them again; dropped when the destinations change. ``grouping``: the destinations' own
+        :func:`group`, when the caller knows it (staged tensors just laid out)."""
         self._refs: list[Any] = [weakref.ref(t) for t in dst] if weak else list(dst)
         self._weak = weak
         self.ids = list(map(id, dst))
-        self._measure([local_of(t) for t in dst])
+        self._measure([local_of(t) for t in dst], grouping)
+        self._made_for = made_for
         self._src_key: object = None  # what the sources' check and grouping were last done for
         self._fast = False
         self._replay: tuple | None = None  # (source_key, memcpy batch) of the last copy, all on the CPU
 
     @property
     def dst(self) -> list[torch.Tensor]:
-        return [r() for r in self._refs] if self._weak else self._refs
+        return list(map(weakref.ref.__call__, self._refs)) if self._weak else self._refs
 
     def alive(self) -> bool:
         """All destinations still exist (always, for a plan that holds them)."""
-        return not self._weak or all(r() is not None for r in self._refs)
+        return not self._weak or not any(map(is_, map(weakref.ref.__call__, self._refs), repeat(None)))
 
-    def _measure(self, dlocals: list[torch.Tensor]) -> None:
-        self.grouping = group(dlocals)
-        self.dkeys = [_leaf_key(t) for t in dlocals]
+    def _measure(self, dlocals: list[torch.Tensor], grouping: Grouping | None = None) -> None:
+        self.grouping = grouping if grouping is not None else group(dlocals)
+        self._dviews = _views(dlocals)
+        self.dtypes, self.shapes, self.strides, devices = self._dviews
+        self.dkeys = list(zip(self.dtypes, self.shapes, self.strides, devices))
         self.dptrs = _span_ptrs(dlocals, self.grouping)
         self.dids = list(map(id, dlocals))
         self.span_cpu = [True] * len(self.grouping.spans)
-        for t, s in zip(dlocals, self.grouping.group):
-            if s >= 0 and not t.is_cpu:
-                self.span_cpu[s] = False
+        if not set(devices) <= {_CPU}:
+            for d, s in zip(devices, self.grouping.group):
+                if s >= 0 and d.type != "cpu":
+                    self.span_cpu[s] = False
 
     def _dst_locals(self) -> list[torch.Tensor]:
         return [local_of(t) for t in self.dst]
@@ -72,7 +88,7 @@ class CopyPlan:
         return (
             list(map(id, dlocals)) == self.dids
             and _span_ptrs(dlocals, self.grouping) == self.dptrs
-            and [_leaf_key(t) for t in dlocals] == self.dkeys
+            and _views(dlocals) == self._dviews
         )
 
     def copy(
@@ -84,6 +100,7 @@ class CopyPlan:
         checked: bool = False,
         key: object = None,
         grouping: Grouping | None = None,
+        src_key: tuple | None = None,
     ) -> None:
         """Copy ``src`` leaf by leaf (pairwise) into the destinations, wherever they are now.
 
@@ -96,7 +113,9 @@ class CopyPlan:
         destinations unless ``checked``, lie where and are viewed as they were (their
         :func:`source_key`); a key equal to the last copy's makes this copy a replay of that
         one's memcpy batch, with no per-tensor work. ``grouping``: the sources' own
-        :func:`group` (their layout's), when the caller has it, so it is not computed again."""
+        :func:`group` (their layout's), when the caller has it, so it is not computed again.
+        ``src_key``: the sources' :func:`source_key`, when the caller has it (their views are
+        then compared with the destinations' a property at a time)."""
         if len(src) != len(self.ids):
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.ids)}")
         replay = self._replay
@@ -108,6 +127,7 @@ class CopyPlan:
         if not checked and not self._unchanged(dlocals):
             self._measure(dlocals)  # a destination was replaced, moved or reshaped: measure again
             self._src_key = None
+            self._made_for = None
         slocals = [local_of(t) for t in src]
         # What the sources' check, grouping and fast-path decision below depend on: the key
         # when the caller gives one (it changes whenever the sources' places or views do),
@@ -116,17 +136,17 @@ class CopyPlan:
         if key is not None:
             views: object = key
         else:
-            storages = [t.untyped_storage() for t in slocals]
+            storages = list(map(torch.Tensor.untyped_storage, slocals))
             views = [(st.data_ptr(), t.storage_offset(), *_leaf_key(t)) for st, t in zip(storages, slocals)]
         if views != self._src_key:  # the sources' storages or views changed since the last copy
-            _check_sources(slocals, storages if storages is not None else [t.untyped_storage() for t in slocals])
-            sg = grouping if grouping is not None else group(slocals)
-            same_views = all(
-                _leaf_key(t)[0:2] == d[0:2] if own else _leaf_key(t)[0:3] == d[0:3]
-                for t, d, s, own in zip(slocals, self.dkeys, sg.group, sg.own)
-                if s >= 0
+            _check_sources(
+                slocals, storages if storages is not None else list(map(torch.Tensor.untyped_storage, slocals))
             )
-            self._fast = same_views and sg.shape_key() == self.grouping.shape_key()
+            made_for = self._made_for
+            if grouping is None and made_for is not None and src_key is not None and src_key == made_for[0]:
+                grouping = made_for[1]  # the very sources the destinations were laid out for
+            sg = grouping if grouping is not None else group(slocals)
+            self._fast = sg.shape_key() == self.grouping.shape_key() and self._same_views(slocals, sg, src_key)
             self._sgroup = sg
             self._src_key = views
         with _issuing_on(stream) as devices:
@@ -137,6 +157,18 @@ class CopyPlan:
             else:
                 self._copy_leaves(slocals, dlocals, threads, devices)
 
+    def _same_views(self, slocals: list[torch.Tensor], sg: Grouping, src_key: tuple | None) -> bool:
+        """Every non-empty source has its destination's dtype and shape, and, unless it has a
+        span of its own (copied with ``copy_``), its strides."""
+        if src_key is not None and src_key[2] == self.dtypes and src_key[3] == self.shapes:
+            if src_key[4] == self.strides:
+                return True  # the usual case, compared a property at a time
+        return all(
+            _leaf_key(t)[0:2] == d[0:2] if own else _leaf_key(t)[0:3] == d[0:3]
+            for t, d, s, own in zip(slocals, self.dkeys, sg.group, sg.own)
+            if s >= 0
+        )
+
     def _copy_spans(
         self, slocals: list[torch.Tensor], dlocals: list[torch.Tensor], threads: int, devices: set
     ) -> tuple[list[int], list[int], list[int]] | None:
@@ -145,13 +177,20 @@ class CopyPlan:
         g = self._sgroup
         sptrs = _span_ptrs(slocals, g)
         nbytes = [n for _, n in g.spans]
-        first = _first_leaf(g)
-        cpu = [s for s in range(len(nbytes)) if not g.own[s] and self.span_cpu[s] and slocals[first[s]].is_cpu]
-        keep = refuse_overlap(
-            [(sptrs[s], sptrs[s] + nbytes[s]) for s in cpu], [(self.dptrs[s], self.dptrs[s] + nbytes[s]) for s in cpu]
-        )
-        batch = [cpu[k] for k in keep]
-        lists = ([self.dptrs[s] for s in batch], [sptrs[s] for s in batch], [nbytes[s] for s in batch])
+        first = g.first
+        own = [g.own[i] for i in first]  # a span is a tensor's own when its (only) tensor is
+        src_cpu = list(map(_is_cpu, map(slocals.__getitem__, first)))
+        if not any(own) and all(self.span_cpu) and all(src_cpu) and all(nbytes) and _apart(sptrs, self.dptrs, nbytes):
+            cpu = batch = list(range(len(nbytes)))  # the usual copy: every span a memcpy, checked at once
+            lists = (self.dptrs, sptrs, nbytes)
+        else:
+            cpu = [s for s in range(len(nbytes)) if not own[s] and self.span_cpu[s] and src_cpu[s]]
+            keep = refuse_overlap(
+                [(sptrs[s], sptrs[s] + nbytes[s]) for s in cpu],
+                [(self.dptrs[s], self.dptrs[s] + nbytes[s]) for s in cpu],
+            )
+            batch = [cpu[k] for k in keep]
+            lists = ([self.dptrs[s] for s in batch], [sptrs[s] for s in batch], [nbytes[s] for s in batch])
         _hostreg.copy_batch(*lists, threads)
         if len(cpu) == len(nbytes):
             return lists
@@ -161,7 +200,7 @@ class CopyPlan:
                 continue
             i = first[s]
             src, dst = slocals[i], dlocals[i]
-            if g.own[s]:  # a resolved conjugate or negative view
+            if own[s]:  # a resolved conjugate or negative view
                 dst.copy_(src, non_blocking=not src.is_cpu)
             else:  # a span on an accelerator: its bytes in one copy
                 _bytes_at(dst, self.dptrs[s], nbytes[s]).copy_(_bytes_at(src, sptrs[s], nbytes[s]), non_blocking=True)
@@ -225,6 +264,10 @@ class CopyPlan:
         )
 
 
+_CPU = torch.device("cpu")
+_is_cpu = operator.attrgetter("is_cpu")
+
+
 @contextlib.contextmanager
 def _issuing_on(stream: Any) -> Iterator[set]:
     """Accelerator copies made inside go on ``stream`` (if any); on leaving, every copy issued
@@ -245,35 +288,7 @@ def tied_first(g: Grouping, span: int) -> int:
     return g.group.index(span)
 
 
-def _first_leaf(g: Grouping) -> list[int]:
-    """The first leaf of each span."""
-    first = [-1] * len(g.spans)
-    for i, s in enumerate(g.group):
-        if s >= 0 and first[s] < 0:
-            first[s] = i
-    return first
-
-
 def _bytes_at(t: torch.Tensor, ptr: int, n: int) -> torch.Tensor:
     """A uint8 tensor over the n bytes at address ptr of t's storage."""
     st = t.untyped_storage()
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(st, ptr - st.data_ptr(), (n,), (1,))
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused (if it was on) for a few milliseconds of staging.
-    Staging makes several small objects per tensor (the layout's records, the sources' keys, a
-    tensor object per leaf, the new dict's items); with thousands of tensors their allocations
-    set off collections, and the full ones walk every object of the process (torch's
-    included): 80-100 ms, now and then, in a copy_state_dict of 5,000 tensors that otherwise
-    takes 17 ms, on this project's test machine. Nothing is lost: the collector runs as usual
-    once it is on again."""
-    was_on = gc.isenabled()
-    if was_on:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()

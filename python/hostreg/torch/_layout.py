@@ -18,11 +18,16 @@ as with PyTorch's ``_create_cpu_state_dict``; copying *from* one raises torch's 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import add, mul, not_, sub
 from typing import Any, NamedTuple
 
 import torch
 
+from .. import _hostreg
+from .._errors import StagingError
 from . import _tree
 from ._dtensor import dtensor_type, local_of, placement_of
 
@@ -74,6 +79,16 @@ class Grouping:
     offset: tuple[int, ...]
     spans: tuple[tuple[int, int], ...]
     own: tuple[bool, ...]
+    #: the first tensor of each span
+    first: tuple[int, ...]
+
+    def as_destination(self) -> Grouping:
+        """The grouping of the staged tensors laid out by this one (what :func:`group` of them
+        gives): each span is a storage of its own from byte 0, offsets kept, and no tensor has
+        a span of its own any more (its values are contiguous there)."""
+        return Grouping(
+            self.group, self.offset, tuple((0, n) for _, n in self.spans), (False,) * len(self.group), self.first
+        )
 
     def shape_key(self) -> tuple:
         """What two groupings must share for bytes to be copied span by span (a source's own
@@ -82,61 +97,67 @@ class Grouping:
 
 
 def group(locals_: list[torch.Tensor]) -> Grouping:
-    """Group tensors by the storage they view (see the module docstring)."""
-    index: dict[Any, int] = {}
-    lo: list[int] = []
-    hi: list[int] = []
-    grp: list[int] = []
-    first: list[int] = []
-    own: list[bool] = []
-    for t in locals_:
-        n = t.numel()
-        if n == 0:
-            grp.append(-1)
-            first.append(0)
-            own.append(False)
-            continue
-        size = t.element_size()
-        alone = t.is_meta or t.is_conj() or t.is_neg()
-        if alone:
-            a = b = 0
-        elif t.is_contiguous():  # the usual leaf: its bytes without walking the strides
-            a = t.storage_offset() * size
-            b = a + n * size
-        else:
-            a, b = touched(t)
-            alone = b - a < n * size
-        if alone:
-            # A meta tensor (no storage: every one reports address 0, so they cannot be told
-            # apart by storage; as PyTorch's _create_cpu_state_dict, each gets bytes of its
-            # own), a conjugate or negative view, or elements that alias one another (an
-            # expanded tensor): a contiguous tensor of its values, in a span of its own.
-            index[("own", len(grp))] = g = len(lo)
-            lo.append(0)
-            hi.append(n * size)
-            grp.append(g)
-            first.append(0)
-            own.append(True)
-            continue
-        # The storage's address is the tensor's less its offset (cheaper than asking for the
-        # storage object); CPU storages by address, others by device and address.
-        ptr = t.data_ptr() - a
-        key: Any = ptr if t.is_cpu else (t.device, ptr)
-        g = index.setdefault(key, len(lo))
-        if g == len(lo):
-            lo.append(a)
-            hi.append(b)
-        else:
-            if a < lo[g]:
-                lo[g] = a
-            if b > hi[g]:
-                hi[g] = b
-        grp.append(g)
-        first.append(a)
-        own.append(False)
-    starts = [x - x % _ELEMENT for x in lo]
-    offset = tuple(f - starts[g] if g >= 0 and not o else 0 for f, g, o in zip(first, grp, own))
-    return Grouping(tuple(grp), offset, tuple((s, h - s) for s, h in zip(starts, hi)), tuple(own))
+    """Group tensors by the storage they view (see the module docstring).
+
+    Each tensor's properties are read from torch a property at a time over all of them
+    (``map`` over torch's accessors); the grouping itself is the C core's
+    (``hostregGroupRanges``), one call for all of them."""
+    plain = torch.Tensor
+    n = len(locals_)
+    numel = list(map(plain.numel, locals_))
+    size = list(map(plain.element_size, locals_))
+    offset = list(map(plain.storage_offset, locals_))
+    contiguous = list(map(plain.is_contiguous, locals_))
+    # A meta tensor (no storage: every one reports address 0, so they cannot be told apart by
+    # storage; as PyTorch's _create_cpu_state_dict, each gets bytes of its own), a conjugate or
+    # negative view, or elements that alias one another (an expanded tensor): a contiguous
+    # tensor of its values, in a span of its own.
+    every = range(n)
+    alone = set(compress(every, map(_is_meta, locals_)))
+    alone.update(compress(every, map(plain.is_conj, locals_)), compress(every, map(plain.is_neg, locals_)))
+    first = list(map(mul, offset, size))
+    end = list(map(add, first, map(mul, numel, size)))  # contiguous: the elements' bytes
+    for i in compress(every, map(not_, contiguous)):  # strided views: walk their strides
+        if numel[i]:
+            a, b = touched(locals_[i])
+            end[i] = b
+            if b - a < numel[i] * size[i]:
+                alone.add(i)
+    # The storage's address is the tensor's less its offset (cheaper than asking for the
+    # storage); empty and alone tensors are not grouped by it.
+    key = list(map(sub, map(plain.data_ptr, locals_), first))
+    for i in alone:
+        first[i], end[i], key[i] = 0, numel[i] * size[i], 0
+    if min(key, default=0) < 0:  # an empty tensor whose offset is past its storage's (null) address
+        key = [max(k, 0) for k in key]
+    if max(end, default=0) >= 1 << 64:  # an expanded tensor of 2**64 bytes or more: no size_t holds it
+        raise beyond_address_space(sum(b - a for a, b in zip(first, end)))
+    cpu = list(map(_is_cpu, locals_))
+    domain = None
+    if not all(cpu):  # storages by device and address
+        devices: dict[Any, int] = {}
+        domain = [0 if c else devices.setdefault(t.device, len(devices) + 1) for t, c in zip(locals_, cpu)]
+    grp, off, span_start, span_bytes = _hostreg.group_ranges(key, domain, first, end, sorted(alone), _ELEMENT)
+    own = [False] * n
+    for i in alone:
+        if numel[i]:
+            own[i] = True
+    by_span = dict(zip(reversed(grp), range(n - 1, -1, -1)))  # span -> its first tensor (earlier ones win)
+    first_leaf = tuple(map(by_span.__getitem__, range(len(span_start))))
+    return Grouping(tuple(grp), tuple(off), tuple(zip(span_start, span_bytes)), tuple(own), first_leaf)
+
+
+def beyond_address_space(nbytes: int) -> StagingError:
+    """The failure for staging memory of ``nbytes`` >= 2**64 bytes: what the C core gives a size
+    it cannot map, before it is asked."""
+    return StagingError(
+        f"cannot stage {nbytes:,} bytes of staging memory: cudaErrorMemoryAllocation (2): more than a "
+        "64-bit address space holds (2**64 bytes)"
+    )
+
+
+_is_meta = operator.attrgetter("is_meta")
+_is_cpu = operator.attrgetter("is_cpu")
 
 
 class LeafMeta(NamedTuple):
@@ -159,6 +180,19 @@ def leaf_meta(t: torch.Tensor, own: bool) -> LeafMeta:
     shape = tuple(local.shape)
     stride = contiguous_strides(shape) if own or local.numel() == 0 else local.stride()
     return LeafMeta(local.dtype, shape, stride, dmeta)
+
+
+def _leaf_metas(tensors: list[torch.Tensor], locals_: list[torch.Tensor], g: Grouping) -> tuple[LeafMeta, ...]:
+    """``leaf_meta`` of every tensor, a property at a time over all of them for plain tensors
+    with spans of the source's strides (the usual leaves), one by one for the others."""
+    plain = torch.Tensor
+    if not set(map(type, tensors)) <= {plain} or any(g.own) or -1 in g.group:
+        return tuple(leaf_meta(t, o) for t, o in zip(tensors, g.own))
+    shapes = map(tuple, map(plain.size, locals_))
+    return tuple(map(LeafMeta, map(_dtype_of, locals_), shapes, map(plain.stride, locals_), repeat(None)))
+
+
+_dtype_of = operator.attrgetter("dtype")
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -195,17 +229,30 @@ def flatten_checked(state_dict: Any) -> Flat:
     """``_tree.flatten(state_dict)``, with TypeError for tensors no arena can hold (naming the
     entry): what a stager can refuse before it stages anything."""
     tensors, values, spec = _tree.flatten(state_dict)
-    # A first pass that only says whether any tensor needs a closer look (DTensors are judged
-    # by their local shards, as check_leaf does). torch's layouts are singletons: `is` is exact.
-    plain, param, strided, dt = torch.Tensor, torch.nn.Parameter, torch.strided, dtensor_type()
-    shards = [t._local_tensor if type(t) is dt else t for t in tensors] if dt is not None else tensors  # type: ignore[attr-defined]
-    if any(
-        (type(t) is not plain and type(t) is not param) or t.layout is not strided or t.is_quantized or t.is_nested
-        for t in shards
+    # A first pass, property by property over every tensor (``map`` over torch's accessors,
+    # no Python frame per tensor), that only says whether any tensor needs a closer look:
+    # DTensors are judged by their local shards, as check_leaf does; torch's layouts are
+    # singletons.
+    plain, param, dt = torch.Tensor, torch.nn.Parameter, dtensor_type()
+    kinds = set(map(type, tensors))
+    shards = tensors
+    if dt is not None and dt in kinds:
+        shards = [t._local_tensor if type(t) is dt else t for t in tensors]  # type: ignore[attr-defined]
+        kinds = set(map(type, shards))
+    if (
+        not kinds <= {plain, param}
+        or not set(map(_layout_of, shards)) <= {torch.strided}
+        or any(map(_is_nested, shards))
+        or any(map(_is_quantized, shards))
     ):
         for path, t in zip(_tree.tensor_paths(spec), tensors):  # only then: name the entry
             check_leaf(path, t)
     return tensors, values, spec
+
+
+_layout_of = operator.attrgetter("layout")
+_is_nested = operator.attrgetter("is_nested")
+_is_quantized = operator.attrgetter("is_quantized")
 
 
 def layout_of(state_dict: Any, flat: Flat | None = None) -> tuple[Layout, list[torch.Tensor], list[Any]]:
@@ -219,5 +266,5 @@ def layout_of(state_dict: Any, flat: Flat | None = None) -> tuple[Layout, list[t
         at = -(-at // ALIGNMENT) * ALIGNMENT
         offsets.append(at)
         at += n
-    leaves = tuple(leaf_meta(t, o) for t, o in zip(tensors, g.own))
+    leaves = _leaf_metas(tensors, locals_, g)
     return Layout(spec, g, leaves, tuple(offsets), at), tensors, values

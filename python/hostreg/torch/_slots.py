@@ -8,6 +8,8 @@ import copy
 import gc
 import time
 import weakref
+from itertools import repeat
+from operator import is_not
 from typing import Any, Callable
 
 import torch
@@ -28,8 +30,8 @@ class _Slot:
     def __init__(self, key: tuple, staged: StagedCopy) -> None:
         self.key = key
         self.staged = staged
-        self.plan = CopyPlan(staged.tensors)
-        self._ptrs = [s.data_ptr() for s in staged.storages]
+        self.plan = CopyPlan(staged.tensors, grouping=staged.layout.grouping.as_destination())
+        self._ptrs = list(map(torch.UntypedStorage.data_ptr, staged.storages))
         self._issued: list[weakref.ref[torch.Tensor]] = []
         # Plain leaves are handed out as detach()es of the buffer's own (a new tensor object
         # and TensorImpl over the same storage, offset, shape and strides, made in C++: about
@@ -37,7 +39,7 @@ class _Slot:
         self._plain = all(type(t) is torch.Tensor for t in staged.tensors)
 
     def busy(self) -> bool:
-        return any(r() is not None for r in self._issued)
+        return any(map(is_not, map(weakref.ref.__call__, self._issued), repeat(None)))
 
     def moved(self) -> bool:
         """torch moved the storage elsewhere (pickled under the file_system sharing strategy):
@@ -46,13 +48,14 @@ class _Slot:
         this buffer's own, never handed out; the tensors :meth:`issue` hands out are new
         objects over the same storages), so a storage that still starts where it did means
         the plan still holds: one address per span, not a measure of every leaf."""
-        return [s.data_ptr() for s in self.staged.storages] != self._ptrs
+        return list(map(torch.UntypedStorage.data_ptr, self.staged.storages)) != self._ptrs
 
     def issue(self, values: list[Any]) -> dict:
         """A new state dict over this buffer's memory (new tensor objects on its storages, so
         that they say when the last of them is gone), with deep copies of the source's values."""
         if self._plain:
-            fresh = list(map(torch.Tensor.detach, self.staged.tensors))
+            with torch.no_grad():  # no autograd view record to make: a quarter of detach()'s cost
+                fresh = list(map(torch.Tensor.detach, self.staged.tensors))
         else:
             fresh = leaves_on(self.staged.storages, self.staged.layout)
         self._issued = list(map(weakref.ref, fresh))

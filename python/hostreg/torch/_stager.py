@@ -2,19 +2,20 @@
 
 ``dcp.async_save(state_dict, ..., async_stager=hostreg.torch.Stager())`` stages into an arena
 (one shared, registered storage) made at the first save; later saves with the same
-structure only copy into it. Memory locked and shared-memory objects stay constant across
-saves, unlike PyTorch #170163's growth.
+structure only copy into it, so memory locked and shared-memory objects stay constant across
+saves (PyTorch's DefaultStager grows them; ``docs/staging.md``).
 
-A save never overwrites staging memory that an earlier save's writer is still reading
-(Megatron-LM PR #2288): each ``stage()`` returns a new dict of new tensor objects over the
-buffer's memory, and a buffer counts as busy while any of them is alive. DCP's writer (thread- or process-based) holds it until its
-upload finishes, so waiting for the previous save's future frees the buffer. When every
+A save never overwrites staging memory that an earlier save's writer is still reading: each
+``stage()`` returns a new dict of new tensor objects over the buffer's memory, and a buffer
+is busy while any of them is alive. DCP's writer (thread- or process-based) holds them until
+its upload finishes, so waiting for the previous save's future frees the buffer. When every
 buffer of the right structure is busy, ``stage()`` waits briefly, then uses another buffer
 (at most ``max_buffers``), then waits up to ``wait_timeout_s`` and raises.
 """
 
 from __future__ import annotations
 
+import operator
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -24,7 +25,7 @@ import torch
 from .. import _core
 from .._errors import HostregError, StagingError
 from ._arena import Arena
-from ._copy import collector_paused
+from ._collector import collector_paused
 from ._layout import Flat, Prepared, flatten_checked, layout_of
 from ._slots import SlotPool
 from ._sources import source_key
@@ -43,10 +44,10 @@ class Stager:
             :class:`hostreg.StagingError`.
         async_staging: ``stage()`` returns a ``Future`` of the staged dict at once; the
             staging runs in one background thread (needs a torch whose ``dcp.async_save``
-            takes a future, the ones with ``AsyncSaveResponse``; else ``ValueError``). From an accelerator the copies are
-            non-blocking, on a side stream made here, after the work queued on the caller's
-            current stream when ``stage()`` was called; the future resolves once they have
-            landed.
+            takes a future, the ones with ``AsyncSaveResponse``; else ``ValueError``). From an
+            accelerator the copies are non-blocking, on a side stream made here, after the work
+            queued on the caller's current stream when ``stage()`` was called; the future
+            resolves once they have landed.
 
     When the caller may modify the source again: in sync mode, once ``stage()`` (or
     ``dcp.async_save``) has returned; in async mode, once the future has resolved
@@ -57,8 +58,8 @@ class Stager:
     started. ``stage()`` raises :class:`hostreg.StagingError` when memory cannot be reserved or
     locked, ``TypeError`` for state dicts that are not dicts or hold unsupported tensors
     (naming the entry), :class:`hostreg.HostregError` (a ``RuntimeError``) after :meth:`close`.
-    In async mode these are raised by
-    ``stage()`` itself wherever they can be known without the staging thread: the argument,
+    In async mode these are raised by ``stage()`` itself wherever they can be known without the
+    staging thread: the argument,
     every tensor's kind, and, for the stager's first arena, the room for it (the shared-memory
     directory's free space, ``RLIMIT_MEMLOCK`` where the backend locks pages with ``mlock``).
     That matters: torch's ``dcp.async_save`` reports a staging future that has already failed
@@ -149,12 +150,8 @@ class Stager:
         _core.note_caller_device()
         if not self.async_staging:
             return self._stage_now(state_dict, None)
-        # What can be refused now is refused here, not on the future: torch's dcp.async_save
-        # reports a staging future that is already done as a success whatever it holds (torch
-        # 2.13 torch/distributed/checkpoint/state_dict_saver.py, async_save: `if not
-        # staging_future.done(): ... add_done_callback(callback) else:
-        # return_staging_future.set_result(None)`), and a refusal on the worker comes fast.
-        # The worker's first steps are these anyway: it takes their results.
+        # What can be refused now is refused here, not on the future, which dcp.async_save
+        # may report as a success (the class docstring says when); the worker takes the results.
         flat = flatten_checked(state_dict)  # TypeError for what no arena holds, naming the entry
         prepared = None
         if not self._pool.slots:  # the first arena: the room for it is known now (later, old arenas may be freed first)
@@ -193,7 +190,7 @@ class Stager:
         staging thread, on the future.)"""
         kw = {"pin": self.pin_memory, "share": self.share_memory}
         try:
-            Arena.check_room(sum(t.nbytes for t in flat[0]), **kw)
+            Arena.check_room(sum(map(operator.attrgetter("nbytes"), flat[0])), **kw)
             return None
         except StagingError:
             prepared = layout_of(state_dict, flat)
@@ -231,10 +228,10 @@ class Stager:
                 # acquire() has just seen the buffer's storages unmoved, under the pool lock
                 # _layout_for's grouping is these sources' (computed from them now, or from sources
                 # of an equal key); a layout the caller's thread made earlier may be older than them
-                buf.plan.copy(tensors, stream=self._stream, checked=True, key=key, grouping=grouping)
+                buf.plan.copy(tensors, stream=self._stream, checked=True, key=key, grouping=grouping, src_key=key)
                 return buf.issue(values)
 
-    def _layout_for(self, state_dict: dict[str, Any], flat: Flat, key: list[tuple]) -> Prepared:
+    def _layout_for(self, state_dict: dict[str, Any], flat: Flat, key: tuple) -> Prepared:
         """The layout of ``state_dict``: the last stage's when its structure and its sources'
         :func:`source_key` are the last stage's (the usual save after save: no per-tensor
         layout work), else computed (and kept for the next stage)."""

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from . import _sharing, _tree
-from ._arena import Arena, leaves_on
-from ._copy import CopyPlan, collector_paused
+from ._arena import Arena
+from ._collector import collector_paused
+from ._copy import CopyPlan
 from ._dtensor import local_of
 from ._layout import ALIGNMENT, Layout, Prepared, layout_of
 from ._sources import source_key
@@ -51,8 +52,7 @@ def allocate_staged_copy(
     (``prepared``: its ``layout_of`` already computed; ``state_dict`` is then not read)."""
     layout, _, values = prepared if prepared is not None else layout_of(state_dict)
     arena = Arena(layout.nbytes, pin=pin_memory, share=share_memory)
-    storages = arena.span_storages(layout)
-    leaves = leaves_on(storages, layout)
+    storages, leaves = arena.staged_leaves(layout)
     staged = _tree.unflatten(layout.spec, leaves, copy.deepcopy(values))
     return StagedCopy(staged, leaves, arena, layout, storages)
 
@@ -77,7 +77,14 @@ def create_cpu_state_dict(state_dict: Any, pin_memory: bool = True, share_memory
     nested, quantized; the message names the entry).
     """
     with collector_paused():
-        return allocate_staged_copy(state_dict, pin_memory=pin_memory, share_memory=share_memory).state_dict
+        prepared = layout_of(state_dict)
+        staged = allocate_staged_copy(None, pin_memory=pin_memory, share_memory=share_memory, prepared=prepared)
+        # The plan of the copy that usually follows, from these very sources: their grouping is
+        # the layout's, not worked out again.
+        made_for = (source_key(prepared[1]), prepared[0].grouping)
+        grouping = prepared[0].grouping.as_destination()
+        _plans[staged.arena.buffer] = CopyPlan(staged.tensors, weak=True, made_for=made_for, grouping=grouping)
+        return staged.state_dict
 
 
 # Copy plans of staged dicts, beside the arena their tensors live in (a staged dict is a plain
@@ -122,5 +129,6 @@ def _copy_state_dict(src: Any, dst: Any, threads: int) -> Any:
         if arena is not None:
             _plans[arena] = plan
     # Sources and destinations where they were, viewed as they were: the last copy's memcpy batch again.
-    plan.copy(s_list, threads, key=(source_key(s_list), source_key(d_list)))
+    skey = source_key(s_list)
+    plan.copy(s_list, threads, key=(skey, source_key(d_list)), src_key=skey)
     return dst

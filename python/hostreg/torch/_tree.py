@@ -14,7 +14,8 @@ a reference cycle, which would keep staged tensors alive until the garbage colle
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -30,13 +31,23 @@ def _walk(obj: Any, tensors: list[torch.Tensor], values: list[Any]) -> Spec:
         tensors.append(obj)
         return TENSOR
     if isinstance(obj, dict):
-        return ("D", type(obj), tuple(obj.keys()), tuple([_walk(v, tensors, values) for v in obj.values()]))
+        children = list(obj.values())
+        if all(map(isinstance, children, repeat(torch.Tensor))):  # a dict of tensors: no frame per tensor
+            tensors += children
+            return ("D", type(obj), tuple(obj.keys()), _tensors(len(children)))
+        return ("D", type(obj), tuple(obj.keys()), tuple([_walk(v, tensors, values) for v in children]))
     if isinstance(obj, list):
         return ("L", tuple([_walk(v, tensors, values) for v in obj]))
     if isinstance(obj, tuple):
         return ("U", type(obj), tuple([_walk(v, tensors, values) for v in obj]))
     values.append(obj)
     return VALUE
+
+
+@functools.lru_cache(maxsize=256)
+def _tensors(n: int) -> tuple:
+    """The children's specs of a container of ``n`` tensors (one tuple per length, shared)."""
+    return (TENSOR,) * n
 
 
 def flatten(obj: Any) -> tuple[list[torch.Tensor], list[Any], Spec]:
@@ -46,29 +57,41 @@ def flatten(obj: Any) -> tuple[list[torch.Tensor], list[Any], Spec]:
     return tensors, values, _walk(obj, tensors, values)
 
 
-def _build(spec: Spec, tensors: Iterator[Any], values: Iterator[Any]) -> Any:
+def _build(spec: Spec, tensors: list[Any], values: list[Any], at: list[int]) -> Any:
+    """The structure ``spec`` describes, from ``tensors[at[0]:]`` and ``values[at[1]:]``
+    (``at`` advances past what it takes)."""
     kind = spec[0]
     if kind == "T":
-        return next(tensors)
+        at[0] += 1
+        return tensors[at[0] - 1]
     if kind == "V":
-        return next(values)
+        at[1] += 1
+        return values[at[1] - 1]
     if kind == "D":
         _, cls, keys, children = spec
-        items = [(k, _build(c, tensors, values)) for k, c in zip(keys, children)]
+        if children is _tensors(len(children)):  # a dict of tensors, as flatten saw it: one slice
+            i = at[0]
+            at[0] = i + len(keys)
+            items: Any = zip(keys, tensors[i : at[0]])
+        else:
+            items = [(k, _build(c, tensors, values, at)) for k, c in zip(keys, children)]
+        if cls is dict:
+            return dict(items)
+        items = list(items)
         try:
             return cls(items)
         except TypeError:
             return dict(items)
     if kind == "L":
-        return [_build(c, tensors, values) for c in spec[1]]
+        return [_build(c, tensors, values, at) for c in spec[1]]
     _, cls, children = spec
-    built = [_build(c, tensors, values) for c in children]
+    built = [_build(c, tensors, values, at) for c in children]
     return cls(*built) if hasattr(cls, "_fields") else cls(built)
 
 
 def unflatten(spec: Spec, tensors: list[Any], values: list[Any]) -> Any:
     """The structure ``spec`` describes, with ``tensors`` and ``values`` in traversal order."""
-    return _build(spec, iter(tensors), iter(values))
+    return _build(spec, tensors, values, [0, 0])
 
 
 def _paths(spec: Spec, prefix: tuple, out: list[tuple]) -> None:
