@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,18 +92,30 @@ def test_dry_run_has_every_step(tmp_path: Path):
 
 
 def test_dry_run_through_the_cmake_build(tmp_path: Path):
-    build = tmp_path / "build"
+    # A fresh build tree inside the repository's build/ (removed after): scripts/test's ccache
+    # then finds its objects again from run to run, since the sources' paths relative to the
+    # tree are the same whatever the tree's name.
+    build = REPO / "build" / f"gpu-dry-test-{os.getpid()}"
+    shutil.rmtree(build, ignore_errors=True)
+    try:
+        _dry_run_through_the_cmake_build(tmp_path, build)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+
+
+def _dry_run_through_the_cmake_build(tmp_path: Path, build: Path) -> None:
     r = run(
         [str(SCRIPT_SH), "--dry-run", "--build-dir", str(build), "--steps", "1,2,3"], env_for(tmp_path), timeout=600
     )
     assert r.returncode == 0, r.stdout + r.stderr + (tmp_path / "out/gpu_check/build.log").read_text()
     rows, _ = table(r.stdout)
     assert list(rows) == ["1a", "1b", "2", "3"]
-    assert rows["1a"][1] == "PASS" and str(build / "py/hostreg") in rows["1a"][2]
-    # The package the check imported is the fresh build (`cmake --install`), working without rich.
-    assert rows["1b"][1] == "PASS" and str(build / "py/hostreg") in rows["1b"][2]
-    assert (rows["2"][1], rows["3"][1]) == ("INFO", "PASS")
     pkg = build / "py/hostreg"
+    shown = str(pkg.relative_to(REPO))  # the report names paths inside the repository relative to it
+    assert rows["1a"][1] == "PASS" and shown in rows["1a"][2]
+    # The package the check imported is the fresh build (`cmake --install`), working without rich.
+    assert rows["1b"][1] == "PASS" and shown in rows["1b"][2]
+    assert (rows["2"][1], rows["3"][1]) == ("INFO", "PASS")
     assert (
         any(pkg.glob("_hostreg*.so")) and any(pkg.glob("libhostreg.so*")) and (pkg / "torch" / "__init__.py").is_file()
     )
