@@ -403,6 +403,29 @@ def test_unsupported_tensor_raises_type_error(bad, cause: str, baseline):
     assert released(baseline), "a failed staging left a registration or lock behind"
 
 
+@pytest.mark.parametrize(
+    "bad, cause",
+    [
+        (lambda: torch.ones(4, 4).as_subclass(DTensorLike), "DTensorLike"),
+        (lambda: torch.eye(4).to_sparse(), "sparse"),
+        (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(2)]), "nested"),
+        (lambda: torch.quantize_per_tensor(torch.ones(4, 4), 0.1, 0, torch.qint8), "quantized"),
+    ],
+    ids=["subclass", "sparse_coo", "nested", "quantized"],
+)
+def test_a_stager_refuses_an_unsupported_tensor_in_a_structure_it_staged_before(bad, cause: str):
+    # A sync restage skips the type check when the sources' key is the last stage's: a tensor
+    # of another kind in the same place must still be refused, naming the entry.
+    src = {"good": torch.ones(1 << 10), "nested": {"bad": torch.ones(4, 4)}}
+    with ht.Stager(pin_memory=False, share_memory=False) as stager:
+        stager.stage(src)
+        stager.stage(src)  # the key is the last stage's: no check
+        src["nested"]["bad"] = bad()
+        with pytest.raises(TypeError, match=cause) as exc:
+            stager.stage(src)
+        assert "nested.bad" in str(exc.value)
+
+
 @pytest.mark.parametrize("pin, share", [(False, True), (True, False), (False, False)])
 def test_pin_and_share_options(pin: bool, share: bool, baseline):
     src = {"a": torch.randn(300, 7), "b": torch.arange(10), "c": torch.tensor(1.0)}

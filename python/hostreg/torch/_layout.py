@@ -228,7 +228,12 @@ Prepared = tuple  # (layout, tensors, other values), as layout_of gives them
 def flatten_checked(state_dict: Any) -> Flat:
     """``_tree.flatten(state_dict)``, with TypeError for tensors no arena can hold (naming the
     entry): what a stager can refuse before it stages anything."""
-    tensors, values, spec = _tree.flatten(state_dict)
+    return check_flat(_tree.flatten(state_dict))
+
+
+def check_flat(flat: Flat) -> Flat:
+    """``flat`` (from ``_tree.flatten``), or TypeError for its first tensor no arena can hold."""
+    tensors, values, spec = flat
     # A first pass, property by property over every tensor (``map`` over torch's accessors,
     # no Python frame per tensor), that only says whether any tensor needs a closer look:
     # DTensors are judged by their local shards, as check_leaf does; torch's layouts are

@@ -24,9 +24,11 @@ import torch
 
 from .. import _core
 from .._errors import HostregError, StagingError
+from . import _tree
 from ._arena import Arena
+from ._async import accelerator_available, async_save_takes_futures, settle
 from ._collector import collector_paused
-from ._layout import Flat, Prepared, flatten_checked, layout_of
+from ._layout import Flat, Prepared, check_flat, flatten_checked, layout_of
 from ._slots import SlotPool
 from ._sources import source_key
 
@@ -86,7 +88,7 @@ class Stager:
     ) -> None:
         if max_buffers < 1:
             raise ValueError(f"max_buffers must be >= 1, got {max_buffers}")
-        if async_staging and not _async_save_takes_futures():
+        if async_staging and not async_save_takes_futures():
             raise ValueError(
                 f"async_staging needs a torch whose dcp.async_save takes a Future (AsyncSaveResponse); torch {torch.__version__} has none"
             )
@@ -118,7 +120,7 @@ class Stager:
             except RuntimeError as e:  # no thread to be had (a thread limit)
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 raise StagingError(f"cannot start the staging thread: {e}") from e
-        if async_staging and _accelerator_available():
+        if async_staging and accelerator_available():
             # Made on the caller's thread, as DCP's DefaultStager does: a stream of its own,
             # never the caller's compute stream.
             self._stream = torch.Stream()
@@ -177,7 +179,7 @@ class Stager:
             # Kept for synchronize_staging(): its completion only, not the staged dict (which
             # would keep the buffer busy until the next stage()).
             done: Future = Future()
-            future.add_done_callback(lambda f: _settle(done, f))
+            future.add_done_callback(lambda f: settle(done, f))
             self._future = done
         return future
 
@@ -207,8 +209,9 @@ class Stager:
                 raise HostregError("Stager.stage() after close()")
             with collector_paused():
                 if flat is None:
-                    flat = flatten_checked(state_dict)
-                key = source_key(flat[0])
+                    flat, key = self._flatten_now(state_dict)
+                else:
+                    key = source_key(flat[0])
                 grouping = None  # the sources' grouping, when the layout is known to be theirs now
                 if prepared is None:
                     prepared = self._layout_for(state_dict, flat, key)
@@ -230,6 +233,23 @@ class Stager:
                 # of an equal key); a layout the caller's thread made earlier may be older than them
                 buf.plan.copy(tensors, stream=self._stream, checked=True, key=key, grouping=grouping, src_key=key)
                 return buf.issue(values)
+
+    def _flatten_now(self, state_dict: dict[str, Any]) -> tuple[Flat, tuple]:
+        """(flattened, source_key) of a state dict staged on the caller's thread. Sources of the
+        last stage's structure and key passed its type check (a sparse, mkldnn or strided
+        nested tensor has no address or sizes to give a key; a quantized one has dtypes of its
+        own; other kinds are other types): only different ones are checked (TypeError)."""
+        flat = _tree.flatten(state_dict)
+        last = self._last_layout
+        if last is not None and last[0] == flat[2]:
+            try:
+                key = source_key(flat[0])
+            except (RuntimeError, NotImplementedError):  # no address or sizes: the check below names it
+                key = None
+            if key is not None and key == last[1]:
+                return flat, key
+        flat = check_flat(flat)
+        return flat, source_key(flat[0])
 
     def _layout_for(self, state_dict: dict[str, Any], flat: Flat, key: tuple) -> Prepared:
         """The layout of ``state_dict``: the last stage's when its structure and its sources'
@@ -267,32 +287,3 @@ class Stager:
             self._future = None
             self._pool.close()
             self._released = True
-
-
-def _settle(done: Future, f: Future) -> None:
-    """Completes ``done`` as staging future ``f`` ended: a cancelled stage (never staged)
-    cancels it, so that synchronize_staging() raises CancelledError as DCP's DefaultStager's
-    does (``Future.exception()`` would raise inside this callback and leave ``done`` pending)."""
-    if f.cancelled():
-        done.cancel()
-        return
-    err = f.exception()
-    if err is not None:
-        done.set_exception(err)
-    else:
-        done.set_result(None)
-
-
-def _accelerator_available() -> bool:
-    acc = getattr(torch, "accelerator", None)  # torch >= 2.6
-    return bool(acc is not None and acc.is_available())
-
-
-def _async_save_takes_futures() -> bool:
-    """torch's ``dcp.async_save`` accepts a stager whose ``stage()`` returns a Future (it came
-    with ``AsyncSaveResponse``, torch 2.7)."""
-    try:
-        from torch.distributed.checkpoint import state_dict_saver
-    except ImportError:
-        return False
-    return hasattr(state_dict_saver, "AsyncSaveResponse")
