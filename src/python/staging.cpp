@@ -82,6 +82,13 @@ nb::object staging_buffer_of(uintptr_t ptr, size_t nbytes) {
     return nb::borrow(obj);
 }
 
+// owner as the StagingBuffer it must be, else TypeError naming the call.
+const StagingBuffer& buffer_arg(nb::handle owner, const char* call) {
+    if (!nb::isinstance<StagingBuffer>(owner))
+        throw nb::type_error((std::string(call) + ": owner must be a StagingBuffer").c_str());
+    return nb::cast<const StagingBuffer&>(owner);
+}
+
 // One DLPack capsule per tensor of a staging buffer, each of its own dtype (DLPack's code and
 // bits), shape and strides (in elements) at its address, keeping the buffer alive while any
 // tensor made from it lives: torch.from_dlpack makes each a tensor whose storage holds exactly
@@ -89,7 +96,7 @@ nb::object staging_buffer_of(uintptr_t ptr, size_t nbytes) {
 nb::list typed_views(nb::handle owner, const std::vector<uintptr_t>& ptrs, const std::vector<uint32_t>& dtypes,
                      const std::vector<std::vector<int64_t>>& shapes,
                      const std::vector<std::vector<int64_t>>& strides) {
-    const auto& buf = nb::cast<const StagingBuffer&>(owner);
+    const StagingBuffer& buf = buffer_arg(owner, "typed_views");
     const size_t n = ptrs.size();
     if (dtypes.size() != n || shapes.size() != n || strides.size() != n)
         throw nb::value_error("typed_views: ptrs, dtypes, shapes and strides must have the same length");
@@ -101,13 +108,18 @@ nb::list typed_views(nb::handle owner, const std::vector<uintptr_t>& ptrs, const
         if (stride.size() != shape.size() || itemsize == 0 || (dtypes[i] >> 8) % 8 != 0 || dtypes[i] >> 16)
             throw nb::value_error("typed_views: a shape and its strides differ in length, or a dtype has no bytes");
         uint64_t last = 0;  // the elements lie in [ptr, ptr + (last + 1) * itemsize)
+        bool wraps = false;
         for (size_t d = 0; d < shape.size(); ++d) {
             if (shape[d] <= 0 || stride[d] < 0)
                 throw nb::value_error("typed_views: an empty tensor, or a negative stride, has no view here");
-            last += static_cast<uint64_t>(shape[d] - 1) * static_cast<uint64_t>(stride[d]);
+            uint64_t step = 0;
+            wraps |=
+                __builtin_mul_overflow(static_cast<uint64_t>(shape[d] - 1), static_cast<uint64_t>(stride[d]), &step);
+            wraps |= __builtin_add_overflow(last, step, &last);
         }
-        const uint64_t extent = (last + 1) * itemsize;
-        if (ptrs[i] < buf.data_ptr() || extent > buf.size() || ptrs[i] - buf.data_ptr() > buf.size() - extent)
+        uint64_t extent = 0;
+        wraps |= __builtin_add_overflow(last, uint64_t{1}, &last) || __builtin_mul_overflow(last, itemsize, &extent);
+        if (wraps || ptrs[i] < buf.data_ptr() || extent > buf.size() || ptrs[i] - buf.data_ptr() > buf.size() - extent)
             throw nb::value_error("typed_views: a tensor's bytes are not inside the staging buffer");
         out.append(typed_view(owner, ptrs[i], dtypes[i], shape, stride));
     }
@@ -117,7 +129,7 @@ nb::list typed_views(nb::handle owner, const std::vector<uintptr_t>& ptrs, const
 // Refuses (ValueError) a range that is not inside the buffer: a view past its end would read
 // and write memory the buffer does not own.
 nb::object bytes_view(nb::handle owner, uintptr_t ptr, size_t nbytes) {
-    const auto& buf = nb::cast<const StagingBuffer&>(owner);
+    const StagingBuffer& buf = buffer_arg(owner, "bytes_view");
     const uintptr_t begin = buf.data_ptr();
     if (ptr < begin || nbytes > buf.size() || ptr - begin > buf.size() - nbytes) {
         throw nb::value_error("bytes_view: the range is not inside the staging buffer");

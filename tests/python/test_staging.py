@@ -403,6 +403,16 @@ def test_unsupported_tensor_raises_type_error(bad, cause: str, baseline):
     assert released(baseline), "a failed staging left a registration or lock behind"
 
 
+class NoAddress(torch.Tensor):
+    """A subclass whose data_ptr() raises something other than torch's RuntimeError."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.data_ptr:
+            raise AttributeError("no address here")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
 @pytest.mark.parametrize(
     "bad, cause",
     [
@@ -410,8 +420,9 @@ def test_unsupported_tensor_raises_type_error(bad, cause: str, baseline):
         (lambda: torch.eye(4).to_sparse(), "sparse"),
         (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(2)]), "nested"),
         (lambda: torch.quantize_per_tensor(torch.ones(4, 4), 0.1, 0, torch.qint8), "quantized"),
+        (lambda: torch.ones(4, 4).as_subclass(NoAddress), "NoAddress"),
     ],
-    ids=["subclass", "sparse_coo", "nested", "quantized"],
+    ids=["subclass", "sparse_coo", "nested", "quantized", "subclass_refusing_data_ptr"],
 )
 def test_a_stager_refuses_an_unsupported_tensor_in_a_structure_it_staged_before(bad, cause: str):
     # A sync restage skips the type check when the sources' key is the last stage's: a tensor
@@ -955,6 +966,48 @@ def test_staged_tensors_of_every_dtype_hold_exactly_their_bytes():
         _hostreg.typed_views(buf, [buf.data_ptr], [code], [[2]], [[-1]])
     with pytest.raises(ValueError, match="same length"):
         _hostreg.typed_views(buf, [buf.data_ptr], [], [[2]], [[1]])
+    # Sizes whose byte count wraps around 2**64 are refused, not handed to torch (which aborts).
+    for shape, stride, dt in (([2**62 + 1], [4], 1 | 8 << 8), ([2**61 + 1], [1], 0 | 64 << 8)):
+        with pytest.raises(ValueError, match="not inside the staging buffer"):
+            _hostreg.typed_views(buf, [buf.data_ptr], [dt], [shape], [stride])
+    with pytest.raises(TypeError, match="owner must be a StagingBuffer"):
+        _hostreg.typed_views(object(), [buf.data_ptr], [code], [[2]], [[1]])
+
+
+def test_a_destination_moved_with_set_is_measured_again_whichever_tensor_of_its_span_it_is():
+    x = torch.arange(16.0).view(4, 4)
+    src = {"a": x, "b": x[1:]}  # one storage, "b" not its span's first tensor
+    dst = ht.create_cpu_state_dict(src, pin_memory=False, share_memory=False)
+    ht.copy_state_dict(src, dst)
+    dst["b"].set_(torch.zeros(3, 4))  # same object, dtype, shape and strides; other memory
+    x.add_(100)
+    ht.copy_state_dict(src, dst)
+    assert torch.equal(dst["a"], src["a"]) and torch.equal(dst["b"], src["b"])
+
+
+def test_conjugate_and_negative_destinations_are_written_as_copy_writes_them():
+    src = {"a": torch.tensor([1 + 2j, 3 - 4j]), "b": torch.tensor([1.0, 2.0])}
+    dst = ht.create_cpu_state_dict(src, pin_memory=False, share_memory=False)
+    dst["a"] = dst["a"].conj()
+    dst["b"] = dst["b"]._neg_view()
+    ht.copy_state_dict(src, dst)
+    assert torch.equal(dst["a"], src["a"]) and torch.equal(dst["b"], src["b"])  # as Tensor.copy_ leaves them
+
+
+def test_copies_from_parameters_record_no_autograd_history():
+    # torch's _copy_state_dict runs under no_grad; a staged tensor with a grad_fn could not be
+    # sent to the background checkpoint process (ForkingPickler refuses non-leaf tensors).
+    import io
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    g = torch.Generator().manual_seed(9)
+    p = torch.nn.Parameter(torch.randn(1, 4, generator=g).expand(3, 4))
+    q = torch.nn.Parameter(torch.randn(4, 3, generator=g))
+    d = ht.create_cpu_state_dict({"p": p, "q": q}, pin_memory=False, share_memory=True)
+    ht.copy_state_dict({"p": p, "q": torch.nn.Parameter(torch.randn(3, 4, generator=g).t())}, d)
+    assert all(t.grad_fn is None and not t.requires_grad for t in d.values())
+    ForkingPickler(io.BytesIO(), pickle.HIGHEST_PROTOCOL).dump(d)
 
 
 def test_copy_state_dict_replays_only_while_sources_and_destinations_stay_put():

@@ -6,9 +6,9 @@ tensors). When the sources share storages exactly as the destinations do (the sa
 see ``_layout.py``) and have the destinations' dtypes, shapes and strides, the copy is one
 memcpy per span, all CPU spans in one parallel batch with the GIL released
 (``hostregCopyBatch``); spans on an accelerator are copied with ``copy_`` (non-blocking, one
-per span, on the given side stream if any) and synchronised before returning. Anything else is copied leaf by leaf with
-``Tensor.copy_``, refusing (ValueError) destinations tied together whose sources are not.
-"""
+per span, on the given side stream if any) and synchronised before returning. Anything else
+is copied leaf by leaf with ``Tensor.copy_``, refusing (ValueError) destinations tied
+together whose sources are not. No copy records autograd history (as torch's own)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,7 @@ class CopyPlan:
         self.dkeys = list(zip(self.dtypes, self.shapes, self.strides, devices))
         self.dptrs = _span_ptrs(dlocals, self.grouping)
         self.dids = list(map(id, dlocals))
+        self.daddrs = list(map(torch.Tensor.data_ptr, dlocals))
         self.span_cpu = [True] * len(self.grouping.spans)
         if not set(devices) <= {_CPU}:
             for d, s in zip(devices, self.grouping.group):
@@ -87,7 +88,7 @@ class CopyPlan:
         # strides (t_(), .data = a view as another dtype, set_() change them in place).
         return (
             list(map(id, dlocals)) == self.dids
-            and _span_ptrs(dlocals, self.grouping) == self.dptrs
+            and list(map(torch.Tensor.data_ptr, dlocals)) == self.daddrs  # every one, not a span's first
             and _views(dlocals) == self._dviews
         )
 
@@ -146,10 +147,16 @@ class CopyPlan:
             if grouping is None and made_for is not None and src_key is not None and src_key == made_for[0]:
                 grouping = made_for[1]  # the very sources the destinations were laid out for
             sg = grouping if grouping is not None else group(slocals)
-            self._fast = sg.shape_key() == self.grouping.shape_key() and self._same_views(slocals, sg, src_key)
+            # Destinations with spans of their own (conjugate or negative views, elements that
+            # alias one another) are written with copy_, as torch writes them, never as bytes.
+            self._fast = (
+                not any(self.grouping.own)
+                and sg.shape_key() == self.grouping.shape_key()
+                and self._same_views(slocals, sg, src_key)
+            )
             self._sgroup = sg
             self._src_key = views
-        with _issuing_on(stream) as devices:
+        with torch.no_grad(), _issuing_on(stream) as devices:  # as torch's _copy_state_dict: no autograd history
             if self._fast:
                 batch = self._copy_spans(slocals, dlocals, threads, devices)
                 if key is not None and batch is not None:  # every span on the CPU: the next copy may replay it
@@ -220,7 +227,7 @@ class CopyPlan:
             src_place = (ss, sg.offset[i] - dg.offset[i])
             if tied.setdefault(ds, src_place) != src_place:
                 raise ValueError(
-                    f"destination tensors {tied_first(dg, ds)} and {i} share storage (tied weights or views) but "
+                    f"destination tensors {dg.first[ds]} and {i} share storage (tied weights or views) but "
                     "their sources do not: copying one would overwrite the other; stage the source again"
                 )
         for i, (s, d) in enumerate(zip(slocals, dlocals)):
@@ -282,10 +289,6 @@ def _issuing_on(stream: Any) -> Iterator[set]:
         else:
             for dev in devices:
                 torch.get_device_module(dev).synchronize(dev)
-
-
-def tied_first(g: Grouping, span: int) -> int:
-    return g.group.index(span)
 
 
 def _bytes_at(t: torch.Tensor, ptr: int, n: int) -> torch.Tensor:

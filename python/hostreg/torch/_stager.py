@@ -244,7 +244,7 @@ class Stager:
         if last is not None and last[0] == flat[2]:
             try:
                 key = source_key(flat[0])
-            except (RuntimeError, NotImplementedError):  # no address or sizes: the check below names it
+            except Exception:  # no address or sizes (or a subclass that refuses): the check below names it
                 key = None
             if key is not None and key == last[1]:
                 return flat, key
