@@ -122,13 +122,6 @@ class Arena:
                 made[i] = wrap(made[i], placement)
         return spans, made
 
-    def span_storages(self, layout: Layout) -> list[torch.UntypedStorage]:
-        """One storage per span of ``layout``, each holding exactly the span's bytes."""
-        return [
-            _sharing.storage_view(self.buffer, off, n)
-            for off, (_, n) in zip(layout.span_offsets, layout.grouping.spans)
-        ]
-
     def close(self) -> None:
         """Undo the registration now (views stay valid, no longer page-locked). Idempotent."""
         self.buffer.unregister()

@@ -65,7 +65,6 @@ class CopyPlan:
         self.grouping = grouping if grouping is not None else group(dlocals)
         self._dviews = _views(dlocals)
         self.dtypes, self.shapes, self.strides, devices = self._dviews
-        self.dkeys = list(zip(self.dtypes, self.shapes, self.strides, devices))
         self.dptrs = _span_ptrs(dlocals, self.grouping)
         self.dids = list(map(id, dlocals))
         self.daddrs = list(map(torch.Tensor.data_ptr, dlocals))
@@ -172,7 +171,7 @@ class CopyPlan:
                 return True  # the usual case, compared a property at a time
         return all(
             _leaf_key(t)[0:2] == d[0:2] if own else _leaf_key(t)[0:3] == d[0:3]
-            for t, d, s, own in zip(slocals, self.dkeys, sg.group, sg.own)
+            for t, d, s, own in zip(slocals, zip(self.dtypes, self.shapes, self.strides), sg.group, sg.own)
             if s >= 0
         )
 
