@@ -30,6 +30,7 @@ struct StorageIdHash {
 void group_ranges(size_t n, const RangeIn& in, size_t align, const RangeOut& out) {
     std::unordered_map<StorageId, int64_t, StorageIdHash> index;
     index.reserve(n);
+    std::vector<unsigned char> alone_span(n, 0);  // span g is an alone range's own
     size_t spans = 0;
     for (size_t i = 0; i < n; ++i) {
         const uint64_t a = in.first[i], b = in.end[i];
@@ -40,8 +41,8 @@ void group_ranges(size_t n, const RangeIn& in, size_t align, const RangeOut& out
         if (in.alone != nullptr && in.alone[i] != 0) {
             out.group[i] = static_cast<int64_t>(spans);
             out.span_start[spans] = 0;
-            out.span_bytes[spans] = b - a;  // [0, size): lo 0, hi size until the pass below
-            ++spans;
+            out.span_bytes[spans] = b - a;  // [0, size)
+            alone_span[spans++] = 1;
             continue;
         }
         const StorageId id{in.key[i], in.domain != nullptr ? in.domain[i] : 0};
@@ -58,9 +59,6 @@ void group_ranges(size_t n, const RangeIn& in, size_t align, const RangeOut& out
         }
     }
     // lo, hi -> start (lo rounded down to align), bytes; alone spans are already [0, size).
-    std::vector<bool> alone_span(spans, false);
-    for (size_t i = 0; i < n; ++i)
-        if (out.group[i] >= 0 && in.alone != nullptr && in.alone[i] != 0) alone_span[out.group[i]] = true;
     for (size_t g = 0; g < spans; ++g) {
         if (alone_span[g]) continue;
         const uint64_t lo = out.span_start[g], hi = out.span_bytes[g];
@@ -70,8 +68,7 @@ void group_ranges(size_t n, const RangeIn& in, size_t align, const RangeOut& out
     }
     for (size_t i = 0; i < n; ++i) {
         const int64_t g = out.group[i];
-        const bool own = in.alone != nullptr && in.alone[i] != 0;
-        out.offset[i] = (g < 0 || own) ? 0 : in.first[i] - out.span_start[g];
+        out.offset[i] = (g < 0 || alone_span[g]) ? 0 : in.first[i] - out.span_start[g];
     }
     *out.spans = spans;
 }
