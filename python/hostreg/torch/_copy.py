@@ -13,7 +13,6 @@ together whose sources are not. No copy records autograd history (as torch's own
 from __future__ import annotations
 
 import contextlib
-import operator
 import weakref
 from collections.abc import Iterator
 from itertools import repeat
@@ -24,7 +23,7 @@ import torch
 
 from .. import _hostreg
 from ._dtensor import local_of
-from ._layout import Grouping, group
+from ._layout import Grouping, group, is_cpu
 from ._sources import _apart, _check_sources, _extent, _leaf_key, _span_ptrs, _views, refuse_overlap
 
 
@@ -185,7 +184,7 @@ class CopyPlan:
         nbytes = [n for _, n in g.spans]
         first = g.first
         own = [g.own[i] for i in first]  # a span is a tensor's own when its (only) tensor is
-        src_cpu = list(map(_is_cpu, map(slocals.__getitem__, first)))
+        src_cpu = list(map(is_cpu, map(slocals.__getitem__, first)))
         if not any(own) and all(self.span_cpu) and all(src_cpu) and all(nbytes) and _apart(sptrs, self.dptrs, nbytes):
             cpu = batch = list(range(len(nbytes)))  # the usual copy: every span a memcpy, checked at once
             lists = (self.dptrs, sptrs, nbytes)
@@ -271,7 +270,6 @@ class CopyPlan:
 
 
 _CPU = torch.device("cpu")
-_is_cpu = operator.attrgetter("is_cpu")
 
 
 @contextlib.contextmanager

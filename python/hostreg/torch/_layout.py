@@ -31,6 +31,17 @@ from .._errors import StagingError
 from . import _tree
 from ._dtensor import dtensor_type, local_of, placement_of
 
+# Tensor properties as functions of the tensor, for map() over many tensors at once (no
+# Python frame per tensor); the other modules of staging take them from here.
+is_meta = operator.attrgetter("is_meta")
+is_cpu = operator.attrgetter("is_cpu")
+dtype_of = operator.attrgetter("dtype")
+device_of = operator.attrgetter("device")
+layout_of_tensor = operator.attrgetter("layout")
+is_nested = operator.attrgetter("is_nested")
+is_quantized = operator.attrgetter("is_quantized")
+nbytes_of = operator.attrgetter("nbytes")
+
 ALIGNMENT = 256
 # Span starts inside a source storage are rounded down to this many bytes, a multiple of
 # every element size, so every tensor of the span starts at a whole element of its dtype.
@@ -113,7 +124,7 @@ def group(locals_: list[torch.Tensor]) -> Grouping:
     # negative view, or elements that alias one another (an expanded tensor): a contiguous
     # tensor of its values, in a span of its own.
     every = range(n)
-    alone = set(compress(every, map(_is_meta, locals_)))
+    alone = set(compress(every, map(is_meta, locals_)))
     alone.update(compress(every, map(plain.is_conj, locals_)), compress(every, map(plain.is_neg, locals_)))
     first = list(map(mul, offset, size))
     end = list(map(add, first, map(mul, numel, size)))  # contiguous: the elements' bytes
@@ -132,7 +143,7 @@ def group(locals_: list[torch.Tensor]) -> Grouping:
         key = [max(k, 0) for k in key]
     if max(end, default=0) >= 1 << 64:  # an expanded tensor of 2**64 bytes or more: no size_t holds it
         raise beyond_address_space(sum(b - a for a, b in zip(first, end)))
-    cpu = list(map(_is_cpu, locals_))
+    cpu = list(map(is_cpu, locals_))
     domain = None
     if not all(cpu):  # storages by device and address
         devices: dict[Any, int] = {}
@@ -154,10 +165,6 @@ def beyond_address_space(nbytes: int) -> StagingError:
         f"cannot stage {nbytes:,} bytes of staging memory: cudaErrorMemoryAllocation (2): more than a "
         "64-bit address space holds (2**64 bytes)"
     )
-
-
-_is_meta = operator.attrgetter("is_meta")
-_is_cpu = operator.attrgetter("is_cpu")
 
 
 class LeafMeta(NamedTuple):
@@ -189,10 +196,7 @@ def _leaf_metas(tensors: list[torch.Tensor], locals_: list[torch.Tensor], g: Gro
     if not set(map(type, tensors)) <= {plain} or any(g.own) or -1 in g.group:
         return tuple(leaf_meta(t, o) for t, o in zip(tensors, g.own))
     shapes = map(tuple, map(plain.size, locals_))
-    return tuple(map(LeafMeta, map(_dtype_of, locals_), shapes, map(plain.stride, locals_), repeat(None)))
-
-
-_dtype_of = operator.attrgetter("dtype")
+    return tuple(map(LeafMeta, map(dtype_of, locals_), shapes, map(plain.stride, locals_), repeat(None)))
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -246,18 +250,13 @@ def check_flat(flat: Flat) -> Flat:
         kinds = set(map(type, shards))
     if (
         not kinds <= {plain, param}
-        or not set(map(_layout_of, shards)) <= {torch.strided}
-        or any(map(_is_nested, shards))
-        or any(map(_is_quantized, shards))
+        or not set(map(layout_of_tensor, shards)) <= {torch.strided}
+        or any(map(is_nested, shards))
+        or any(map(is_quantized, shards))
     ):
         for path, t in zip(_tree.tensor_paths(spec), tensors):  # only then: name the entry
             check_leaf(path, t)
     return tensors, values, spec
-
-
-_layout_of = operator.attrgetter("layout")
-_is_nested = operator.attrgetter("is_nested")
-_is_quantized = operator.attrgetter("is_quantized")
 
 
 def layout_of(state_dict: Any, flat: Flat | None = None) -> tuple[Layout, list[torch.Tensor], list[Any]]:

@@ -5,7 +5,6 @@ destinations (``_copy.py`` uses them)."""
 
 from __future__ import annotations
 
-import operator
 from itertools import repeat
 from operator import add, and_, ge, gt, lt, mul, sub
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import torch
 
 from ._dtensor import local_of, placement_of
-from ._layout import Grouping, touched
+from ._layout import Grouping, device_of, dtype_of, is_cpu, touched
 
 
 def _check_sources(slocals: list[torch.Tensor], storages: list[Any]) -> None:
@@ -60,19 +59,14 @@ def _leaf_key(t: torch.Tensor) -> tuple:
     return (t.dtype, t.shape, t.stride(), t.device)
 
 
-_dtype_of = operator.attrgetter("dtype")
-_is_cpu = operator.attrgetter("is_cpu")
-_device_of = operator.attrgetter("device")
-
-
 def _views(ts: list[torch.Tensor]) -> tuple[list, list, list, list]:
     """The columns of ``_leaf_key`` over ``ts``: dtypes, shapes, strides, devices."""
     plain = torch.Tensor
     return (
-        list(map(_dtype_of, ts)),
+        list(map(dtype_of, ts)),
         list(map(plain.size, ts)),
         list(map(plain.stride, ts)),
-        list(map(_device_of, ts)),
+        list(map(device_of, ts)),
     )
 
 
@@ -94,14 +88,14 @@ def source_key(tensors: list[torch.Tensor]) -> tuple:
     else:
         locals_ = [local_of(t) for t in tensors]
         extra = [placement_of(t, local) if local is not t else type(t) for t, local in zip(tensors, locals_)]
-    cpu = list(map(_is_cpu, locals_))
+    cpu = list(map(is_cpu, locals_))
     return (
         list(map(plain.data_ptr, locals_)),
         list(map(plain.storage_offset, locals_)),
-        list(map(_dtype_of, locals_)),
+        list(map(dtype_of, locals_)),
         list(map(plain.size, locals_)),
         list(map(plain.stride, locals_)),
-        cpu if all(cpu) else list(map(_device_of, locals_)),
+        cpu if all(cpu) else list(map(device_of, locals_)),
         list(map(plain.is_conj, locals_)),
         list(map(plain.is_neg, locals_)),
         extra,

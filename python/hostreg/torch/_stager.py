@@ -15,7 +15,6 @@ buffer of the right structure is busy, ``stage()`` waits briefly, then uses anot
 
 from __future__ import annotations
 
-import operator
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -28,7 +27,7 @@ from . import _tree
 from ._arena import Arena
 from ._async import accelerator_available, async_save_takes_futures, settle
 from ._collector import collector_paused
-from ._layout import Flat, Prepared, check_flat, flatten_checked, layout_of
+from ._layout import Flat, Prepared, check_flat, flatten_checked, layout_of, nbytes_of
 from ._slots import SlotPool
 from ._sources import source_key
 
@@ -192,7 +191,7 @@ class Stager:
         staging thread, on the future.)"""
         kw = {"pin": self.pin_memory, "share": self.share_memory}
         try:
-            Arena.check_room(sum(map(operator.attrgetter("nbytes"), flat[0])), **kw)
+            Arena.check_room(sum(map(nbytes_of, flat[0])), **kw)
             return None
         except StagingError:
             prepared = layout_of(state_dict, flat)
