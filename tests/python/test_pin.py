@@ -192,6 +192,7 @@ import sys, gc, torch, hostreg, hostreg.torch as ht
 from hostreg.torch import _pin
 lines = [int(x) for x in sys.argv[1:]]
 code = _pin.pin_.__code__
+gc.collect(); gc.freeze()  # each collection below then scans only what the runs make
 for target in lines:
     def tracer(frame, event, arg, target=target):
         if frame.f_code is code and event == "line" and frame.f_lineno == target:
