@@ -14,6 +14,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from conftest import torch_save_threads_joined
 from ranks import run_ranks
 from torch.distributed.checkpoint import state_dict_saver
 from torch.distributed.checkpoint.staging import AsyncStager
@@ -71,6 +72,7 @@ def shm_fds() -> int:
 
 
 def resources() -> tuple:
+    torch_save_threads_joined()
     gc.collect()
     return hostreg.locked_bytes(), hostreg.stats(), shm_fds()
 
@@ -525,6 +527,7 @@ def test_default_stager_pins_through_the_dropin(ascend_state, options, monkeypat
     finally:
         stager.close()
     del stager  # its last staging future keeps that staged dict (pinned) even after close()
+    torch_save_threads_joined()
     gc.collect()
     assert hostreg.stats().registrations == regs0 and hostreg.locked_bytes() == locked0
 
