@@ -133,6 +133,18 @@ HOSTREG_API int hostregStagingBufferUnregister(hostregStagingBuffer* buffer);
 /* Unregisters, unmaps and closes everything the buffer owns, and frees it. NULL is a no-op. */
 HOSTREG_API void hostregStagingBufferDestroy(hostregStagingBuffer* buffer);
 
+/* The live staging buffer of this process (made by hostregStagingBufferCreate or Attach, not
+ * yet destroyed) whose memory holds [ptr, ptr + bytes), or NULL: how a tensor's bytes lead back
+ * to the buffer they were staged in. A fork(2) child finds the buffers it inherited. The answer
+ * is only as current as the call: a caller that may destroy buffers in another thread must
+ * order the two itself. */
+HOSTREG_API hostregStagingBuffer* hostregStagingBufferFind(const void* ptr, size_t bytes);
+
+/* A pointer the caller keeps with the buffer, e.g. the object owning it in a language binding;
+ * hostreg never reads it. NULL until set, and for a NULL buffer; setting on NULL is a no-op. */
+HOSTREG_API void hostregStagingBufferSetUserData(hostregStagingBuffer* buffer, void* data);
+HOSTREG_API void* hostregStagingBufferUserData(const hostregStagingBuffer* buffer);
+
 #ifdef __cplusplus
 }
 #endif

@@ -127,6 +127,16 @@ int hostregStagingBufferUnregister(hostregStagingBuffer* b) {
 
 void hostregStagingBufferDestroy(hostregStagingBuffer* b) { delete cxx(b); }
 
+hostregStagingBuffer* hostregStagingBufferFind(const void* ptr, size_t bytes) {
+    return handle(hostreg::StagingBuffer::find(ptr, bytes));
+}
+
+void hostregStagingBufferSetUserData(hostregStagingBuffer* b, void* data) {
+    if (b) cxx(b)->set_user_data(data);
+}
+
+void* hostregStagingBufferUserData(const hostregStagingBuffer* b) { return b ? cxx(b)->user_data() : nullptr; }
+
 int hostregCopyBatch(void* const* dst, const void* const* src, const size_t* bytes, size_t n, unsigned int threads) {
     if (n > 0 && (!dst || !src || !bytes)) return null_out("dst, src or bytes", __func__);
     hostreg::copy_batch(dst, src, bytes, n, threads);

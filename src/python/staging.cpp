@@ -6,7 +6,6 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,15 +19,6 @@
 namespace hostreg_py {
 namespace {
 
-// The staging buffers alive in this process, by first byte, each with its Python object
-// (borrowed: an entry goes when that object is destroyed). staging_buffer_of() finds the buffer
-// a tensor's bytes lie in from here. Guarded by the GIL (every use holds it and none releases
-// it), so no Python exception, garbage collection or fork() can find it half-updated or locked.
-std::map<uintptr_t, PyObject*>& live_buffers() {
-    static auto* live = new std::map<uintptr_t, PyObject*>();  // never destroyed: used until exit
-    return *live;
-}
-
 // The staging buffer the C ABI hands out, owned by a Python object: released when that object
 // goes (and with it the last tensor viewing the buffer, each of which holds a reference), or
 // unregistered earlier by unregister(). Python never sees a raw handle.
@@ -37,10 +27,7 @@ class StagingBuffer {
     explicit StagingBuffer(hostregStagingBuffer* b) : b_(b) {}
     StagingBuffer(const StagingBuffer&) = delete;
     StagingBuffer& operator=(const StagingBuffer&) = delete;
-    ~StagingBuffer() {
-        live_buffers().erase(data_ptr());
-        hostregStagingBufferDestroy(b_);
-    }
+    ~StagingBuffer() { hostregStagingBufferDestroy(b_); }
     uintptr_t data_ptr() const { return as_int(hostregStagingBufferData(b_)); }
     size_t size() const { return hostregStagingBufferSize(b_); }
     int fd() const { return hostregStagingBufferFd(b_); }
@@ -51,7 +38,8 @@ class StagingBuffer {
     hostregStagingBuffer* b_;
 };
 
-// The Python object owning b (None for a null b), entered in live_buffers().
+// The Python object owning b (None for a null b), kept as b's user data (borrowed: the object
+// destroys b, and with it the pointer, when it goes) for staging_buffer_of().
 nb::object own(hostregStagingBuffer* b) {
     if (!b) {
         return nb::none();
@@ -59,24 +47,16 @@ nb::object own(hostregStagingBuffer* b) {
     auto holder = std::make_unique<StagingBuffer>(b);
     nb::object obj = nb::cast(holder.get(), nb::rv_policy::take_ownership);
     holder.release();  // the Python object owns it now
-    live_buffers()[as_int(hostregStagingBufferData(b))] = obj.ptr();
+    hostregStagingBufferSetUserData(b, obj.ptr());
     return obj;
 }
 
-// The live staging buffer holding [ptr, ptr + nbytes), or None.
+// The live StagingBuffer object holding [ptr, ptr + nbytes) (hostregStagingBufferFind), or
+// None. A StagingBuffer object gets its pointer and is destroyed holding the GIL, as this runs:
+// the one found cannot go half-way.
 nb::object staging_buffer_of(uintptr_t ptr, size_t nbytes) {
-    auto& live = live_buffers();
-    auto it = live.upper_bound(ptr);
-    if (it == live.begin()) {
-        return nb::none();
-    }
-    --it;
-    PyObject* obj = it->second;
-    if (Py_REFCNT(obj) <= 0) {  // being destroyed (its weak references are being cleared)
-        return nb::none();
-    }
-    const auto& buf = nb::cast<const StagingBuffer&>(nb::handle(obj));
-    if (nbytes > buf.size() || ptr - it->first > buf.size() - nbytes) {
+    auto* obj = static_cast<PyObject*>(hostregStagingBufferUserData(hostregStagingBufferFind(as_ptr(ptr), nbytes)));
+    if (obj == nullptr || Py_REFCNT(obj) <= 0) {  // not Python's, or being destroyed (weak references clearing)
         return nb::none();
     }
     return nb::borrow(obj);

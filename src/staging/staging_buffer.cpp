@@ -5,14 +5,57 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "backends/select.hpp"
 #include "staging/shared_memory.hpp"
 
 namespace hostreg {
+namespace {
+
+// The live staging buffers of this process, by first byte. A fork(2) child keeps them (its
+// mappings are the parent's, copied), so the lock is only held across fork, never reset.
+struct LiveBuffers {
+    std::mutex mu;
+    std::map<uintptr_t, StagingBuffer*> by_address;
+};
+
+LiveBuffers& live() {
+    static LiveBuffers* l = [] {
+        auto* made = new LiveBuffers();  // never destroyed: buffers may be destroyed during exit
+        pthread_atfork([] { live().mu.lock(); }, [] { live().mu.unlock(); }, [] { live().mu.unlock(); });
+        return made;
+    }();
+    return *l;
+}
+
+}  // namespace
+
+void StagingBuffer::enter_live() {
+    LiveBuffers& l = live();
+    std::lock_guard<std::mutex> g(l.mu);
+    l.by_address[reinterpret_cast<uintptr_t>(map_)] = this;
+    live_ = true;
+}
+
+StagingBuffer* StagingBuffer::find(const void* ptr, size_t bytes) {
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    LiveBuffers& l = live();
+    std::lock_guard<std::mutex> g(l.mu);
+    auto it = l.by_address.upper_bound(p);
+    if (it == l.by_address.begin()) return nullptr;
+    --it;  // the last buffer starting at or below p
+    const size_t size = it->second->size();
+    if (bytes > size || p - it->first > size - bytes) return nullptr;
+    return it->second;
+}
 
 Status StagingBuffer::create(size_t bytes, bool shared, bool pin, unsigned flags, size_t max_chunk,
                              std::unique_ptr<StagingBuffer>* out) {
@@ -37,6 +80,7 @@ Status StagingBuffer::create(size_t bytes, bool shared, bool pin, unsigned flags
     if (pin) {
         if (Status s = b->registration_.register_range(p, bytes, flags, max_chunk); !s.is_ok()) return s;
     }
+    b->enter_live();
     *out = std::move(b);
     return Status::ok();
 }
@@ -71,11 +115,17 @@ Status StagingBuffer::attach(int fd, size_t bytes, std::unique_ptr<StagingBuffer
     }
     b->map_ = p;
     b->bytes_ = bytes;
+    b->enter_live();
     *out = std::move(b);
     return Status::ok();
 }
 
 StagingBuffer::~StagingBuffer() {
+    if (live_) {
+        LiveBuffers& l = live();
+        std::lock_guard<std::mutex> g(l.mu);
+        l.by_address.erase(reinterpret_cast<uintptr_t>(map_));
+    }
     registration_.unregister_all();
     if (map_) munmap(map_, bytes_);
     if (fd_ >= 0) close(fd_);

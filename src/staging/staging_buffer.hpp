@@ -42,12 +42,24 @@ class StagingBuffer {
     // Undo the registration now (the memory stays mapped). Idempotent.
     Status unregister() { return registration_.unregister_all(); }
 
+    // The live buffer (made by create or attach, not yet destroyed) whose memory holds
+    // [ptr, ptr + bytes), or null. Live buffers never overlap (each is its own mapping). The
+    // answer is only as current as the call: the caller orders it with any destruction.
+    static StagingBuffer* find(const void* ptr, size_t bytes);
+    // A pointer the caller keeps with the buffer (a language binding: the object owning it);
+    // null until set. Not read by hostreg.
+    void* user_data() const { return user_data_; }
+    void set_user_data(void* data) { user_data_ = data; }
+
   private:
     StagingBuffer() = default;
+    void enter_live();  // into the index find() searches; the destructor takes it out
     int fd_ = -1;
     void* map_ = nullptr;
     size_t bytes_ = 0;
     ChunkedRegistration registration_;
+    void* user_data_ = nullptr;
+    bool live_ = false;  // in the index
 };
 
 }  // namespace hostreg

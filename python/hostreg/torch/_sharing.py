@@ -39,8 +39,9 @@ from .._errors import HostregError
 from .._hostreg import StagingBuffer
 
 # Which staging buffer (the C core's memory beneath an :class:`Arena`) an address lies in is
-# answered by the extension (``_hostreg.staging_buffer_of``): its index of live buffers changes only inside C++ calls, with the GIL held, so no Python
-# exception (a KeyboardInterrupt), garbage collection or fork() can find it half-updated or
+# answered by the C core (``hostregStagingBufferFind``, through ``_hostreg.staging_buffer_of``),
+# whose index of live buffers changes only inside C calls, and is held across fork(): no Python
+# exception (a KeyboardInterrupt), garbage collection or fork() finds it half-updated or
 # locked. The lock here guards only the one-time install of the reducers.
 _lock = threading.Lock()
 _installed = False
