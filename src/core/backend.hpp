@@ -2,7 +2,7 @@
 //
 // A backend page-locks a host range the way its runtime does (posix: mlock; cuda:
 // cuMemHostRegister; acl: aclrtHostRegisterV2; ...). It is a table of operations, one
-// constant per backend file (libfabric's hmem ops table is the model). The registry calls it
+// constant per backend file, each slot named, none null. The registry calls it
 // only for ranges that already passed CUDA's rules (non-null, non-empty, mapped, no overlap,
 // flags the backend's capabilities list), so a backend knows nothing about other
 // registrations.

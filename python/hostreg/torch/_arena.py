@@ -60,7 +60,7 @@ class Arena:
             raise_last(f"cannot {'register' if code in (712, 801) else 'stage'} {nbytes:,} bytes of staging memory")
         self.buffer = buf
         self.chunks = buf.chunks
-        _sharing.track()
+        _sharing.install_reducers()
 
     @staticmethod
     def check_room(nbytes: int, *, pin: bool = True, share: bool = True) -> None:

@@ -57,13 +57,6 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def track() -> None:
-    """Called for every new arena: from now on its tensors are sent to other processes by file
-    (installs the reducers, once). Its staging buffer is known to :func:`staging_buffer_of` from
-    its creation."""
-    _install()
-
-
 def staging_buffer_of(t: torch.Tensor) -> StagingBuffer | None:
     """The staging buffer (``_hostreg.StagingBuffer``, the memory of an arena) that tensor ``t``
     lies in, or None."""
@@ -112,7 +105,7 @@ def _attach(dup: Any, size: int) -> StagingBuffer:
     if code != 0 or buf is None:
         _, native, message = _hostreg.last_error()
         raise HostregError(f"hostreg: cannot map a staging arena passed from another process: {message}")
-    track()
+    install_reducers()
     return buf
 
 
@@ -166,8 +159,10 @@ def _reduce_storage(st: torch.UntypedStorage) -> tuple:
     return _torch_reducers[torch.UntypedStorage](st)
 
 
-def _install() -> None:
-    """Register the reducers (once, after torch's own: ``import torch.multiprocessing``)."""
+def install_reducers() -> None:
+    """Register the reducers (once, after torch's own: ``import torch.multiprocessing``): from
+    then on, a tensor in a shared arena goes to another process as its arena's file. Called for
+    every new or attached arena."""
     global _installed
     if _installed:
         return

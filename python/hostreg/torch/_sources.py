@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .._errors import StagingError
 from ._dtensor import local_of, placement_of
 from ._layout import Grouping, device_of, dtype_of, is_cpu, touched
 
@@ -18,7 +19,7 @@ from ._layout import Grouping, device_of, dtype_of, is_cpu, touched
 def _check_sources(slocals: list[torch.Tensor], storages: list[Any]) -> None:
     """Every non-empty source's storage still holds the bytes its view reads: a storage freed or
     shrunk under it (``untyped_storage().resize_(0)``, e.g. while async staging waits) raises
-    RuntimeError instead of a copy from freed memory. Run whenever the sources' storages or
+    StagingError instead of a copy from freed memory. Run whenever the sources' storages or
     views changed (a resize changes the storage's address). A resize during the copy itself is
     the caller's race, as it is for ``Tensor.copy_``."""
     plain = torch.Tensor
@@ -42,7 +43,7 @@ def _check_sources(slocals: list[torch.Tensor], storages: list[Any]) -> None:
             continue  # the common case, without walking the strides
         need = touched(t)[1]
         if st.data_ptr() == 0 or have < need:
-            raise RuntimeError(
+            raise StagingError(
                 f"source tensor {i}: its storage holds {st.nbytes():,} bytes, fewer than the {need:,} its view "
                 "reads (freed or resized, e.g. with untyped_storage().resize_(), before it was staged)"
             )
