@@ -7,6 +7,7 @@ Rank functions must live in an importable module (ranks are started with ``spawn
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -37,6 +38,10 @@ def _entry(target: Callable, rank: int, world: int, port: int, args: tuple, q: A
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
         )
+        # What the imports made (torch, DCP: ~400,000 objects) lives as long as the rank: out of
+        # the collector's sight, each gc.collect() of the checks below walks only what the rank
+        # made (0.3 s a collection otherwise, most of a rank's CPU time). Collected as before.
+        gc.freeze()
         result = target(rank, world, *args)
         dist.barrier()
         dist.destroy_process_group()
