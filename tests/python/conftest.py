@@ -21,6 +21,11 @@ import hostreg
 PAGE = mmap.PAGESIZE
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # tests/support: what the Python suite shares with scripts/gpu_check
+# The Pythons the tests start, where they inherit this environment, freeze what importing torch
+# made (tests/support/children/sitecustomize.py says why: it is most of their exit's cost).
+CHILD_SITE = str(REPO / "tests" / "support" / "children")
+if CHILD_SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # once, though xdist's workers inherit it
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (CHILD_SITE, os.environ.get("PYTHONPATH")) if p)
 
 
 class Buffer:

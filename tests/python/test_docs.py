@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import CHILD_SITE, REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
@@ -85,7 +85,7 @@ def test_the_docs_have_the_blocks_these_tests_run():
 def test_python_block_runs(path: Path, line: int, code: str, tmp_path: Path):
     script = tmp_path / "snippet.py"
     script.write_text(PRELUDE + "\n# --- " + f"{path.name}:{line}\n" + code + "\n" + EPILOGUE, encoding="utf-8")
-    env = {**os.environ, "HOSTREG_BACKEND": "posix", "PYTHONPATH": ""}
+    env = {**os.environ, "HOSTREG_BACKEND": "posix", "PYTHONPATH": CHILD_SITE}  # not tests/: only what a reader has
     r = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
     )

@@ -52,8 +52,13 @@ def main() -> None:
             check(name == "torch", f"import {name}: {e}")
     import hostreg
 
-    out: dict = {"machine": platform.machine(), "order": order, "hostreg": hostreg.__version__,
-                 "from": os.path.dirname(hostreg.__file__), "backend": hostreg.backend()}
+    out: dict = {
+        "machine": platform.machine(),
+        "order": order,
+        "hostreg": hostreg.__version__,
+        "from": os.path.dirname(hostreg.__file__),
+        "backend": hostreg.backend(),
+    }
 
     # Registration, proven by the kernel's count.
     size = 4 << 20
@@ -66,7 +71,9 @@ def main() -> None:
     check(int(rt.cudaHostRegister(addr, size, 0)) == 0, "cudaHostRegister of an mmap")
     locked = vmlck_kib() - before
     again = rt.cudaHostRegister(addr, size, 0)
-    check(rt.cudaGetErrorName(int(again)) == "cudaErrorHostMemoryAlreadyRegistered", f"a second registration gave {again}")
+    check(
+        rt.cudaGetErrorName(int(again)) == "cudaErrorHostMemoryAlreadyRegistered", f"a second registration gave {again}"
+    )
     check(int(rt.cudaHostUnregister(addr)) == 0, "cudaHostUnregister")
     check(vmlck_kib() == before, "VmLck back after cudaHostUnregister")
     check(locked == size >> 10, f"VmLck rose by {locked} KiB, not {size >> 10}")
@@ -80,12 +87,19 @@ def main() -> None:
 
         out["torch"] = torch.__version__
         g = torch.Generator().manual_seed(0)
-        sd = {"w": torch.randn(512, 256, generator=g), "b": torch.arange(1000, dtype=torch.int64),
-              "nested": {"h": torch.randn(3, 5, generator=g).to(torch.bfloat16)}, "step": 7}
+        sd = {
+            "w": torch.randn(512, 256, generator=g),
+            "b": torch.arange(1000, dtype=torch.int64),
+            "nested": {"h": torch.randn(3, 5, generator=g).to(torch.bfloat16)},
+            "step": 7,
+        }
         before = vmlck_kib()
         staged = ht.create_cpu_state_dict(sd, pin_memory=True)
         ht.copy_state_dict(sd, staged)
-        check(torch.equal(staged["w"], sd["w"]) and torch.equal(staged["nested"]["h"], sd["nested"]["h"]), "copy_state_dict values")
+        check(
+            torch.equal(staged["w"], sd["w"]) and torch.equal(staged["nested"]["h"], sd["nested"]["h"]),
+            "copy_state_dict values",
+        )
         check(vmlck_kib() - before >= (512 * 256 * 4) >> 10, "staged bytes locked")
         with ht.Stager() as stager:
             again_sd = stager.stage(sd)
@@ -93,11 +107,18 @@ def main() -> None:
             ckpt = os.path.join(scratch, f"ckpt-{order}")
             dcp.save(again_sd, storage_writer=ht.FileSystemWriter(ckpt))
             del again_sd
-        back = {"w": torch.zeros(512, 256), "b": torch.zeros(1000, dtype=torch.int64),
-                "nested": {"h": torch.zeros(3, 5, dtype=torch.bfloat16)}, "step": 0}
+        back = {
+            "w": torch.zeros(512, 256),
+            "b": torch.zeros(1000, dtype=torch.int64),
+            "nested": {"h": torch.zeros(3, 5, dtype=torch.bfloat16)},
+            "step": 0,
+        }
         dcp.load(back, storage_reader=dcp.FileSystemReader(ckpt))
-        check(all(torch.equal(back[k], sd[k]) for k in ("w", "b")) and torch.equal(back["nested"]["h"], sd["nested"]["h"]),
-              "dcp.load of hostreg's checkpoint, bit-exact")
+        check(
+            all(torch.equal(back[k], sd[k]) for k in ("w", "b"))
+            and torch.equal(back["nested"]["h"], sd["nested"]["h"]),
+            "dcp.load of hostreg's checkpoint, bit-exact",
+        )
         del staged
         out["staged_and_saved"] = True
     print(json.dumps(out))
