@@ -712,6 +712,32 @@ def test_file_system_sharing_strategy_does_not_move_a_staged_dict():
     assert r.stdout.split() == ["True", "1", "1", "0"]
 
 
+def test_a_first_staging_does_not_import_dtensor_and_a_later_dtensor_is_still_one():
+    # No DTensor exists before its class is imported, so staging plain tensors leaves that
+    # import (about 0.4 s: it brings sympy) to the program; a DTensor the program makes later
+    # is staged as one, shard and placement, by the same Stager.
+    code = textwrap.dedent(
+        """
+        import sys, tempfile, torch, hostreg, hostreg.torch as ht
+        s = ht.Stager()
+        out = s.stage({"w": torch.ones(8)}); del out
+        print("torch.distributed.tensor" in sys.modules)
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method="file://" + tempfile.mktemp())
+        d = distribute_tensor(torch.arange(8.0), init_device_mesh("cpu", (1,)), [Shard(0)])
+        out = s.stage({"w": torch.ones(8), "d": d})
+        print(type(out["d"]) is DTensor, out["d"].placements == d.placements, torch.equal(out["d"].to_local(), d.to_local()))
+        del out; s.close(); dist.destroy_process_group()
+        print(hostreg.stats().registrations)
+        """
+    )
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True", "True", "True", "0"]
+
+
 def test_a_stager_buffer_whose_storage_moved_is_never_reused():
     # torch's own file_system sharing (Storage._share_filename_cpu_, what its reducer calls)
     # moves a storage's bytes into a new file in place. Such a buffer's copy plan points at the

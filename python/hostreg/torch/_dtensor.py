@@ -6,7 +6,7 @@ here; torch builds without ``torch.distributed`` have none."""
 
 from __future__ import annotations
 
-import functools
+import sys
 from typing import Any
 
 import torch
@@ -14,15 +14,26 @@ import torch
 #: (device mesh, placements, global shape, global strides) of a DTensor.
 Placement = tuple
 
+# Where torch defines DTensor: torch >= 2.5 (public as torch.distributed.tensor.DTensor), and
+# torch 2.4 (torch.distributed._tensor.DTensor).
+_DEFINED_IN = ("torch.distributed.tensor._api", "torch.distributed._tensor.api")
+_dtensor: type | None = None
 
-@functools.cache
+
 def dtensor_type() -> type | None:
-    """torch's DTensor class where torch.distributed has it, else None."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover -- torch without distributed
-        return None
-    return DTensor
+    """torch's DTensor class once the program has imported it, else None.
+
+    No DTensor exists before its class does, so a program that never imported it has none to
+    stage; importing it here would add about 0.4 s to a first staging (DTensor's import brings
+    sympy with it), and torch builds without ``torch.distributed`` have none at all."""
+    global _dtensor
+    if _dtensor is None and any(name in sys.modules for name in _DEFINED_IN):
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # torch 2.4
+            from torch.distributed._tensor import DTensor
+        _dtensor = DTensor
+    return _dtensor
 
 
 def local_of(t: torch.Tensor) -> torch.Tensor:
@@ -40,7 +51,8 @@ def placement_of(t: Any, local: torch.Tensor) -> Placement:
 def wrap(local: torch.Tensor, placement: Placement) -> Any:
     """A DTensor over ``local`` with ``placement`` (from :func:`placement_of`), as it was: no
     communication, no check across ranks (the shard is already each rank's own)."""
-    from torch.distributed.tensor import DTensor
-
+    dtensor = dtensor_type()  # not None: the DTensor this placement was taken from exists
     mesh, placements, shape, stride = placement
-    return DTensor.from_local(local, mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride)
+    return dtensor.from_local(  # type: ignore[union-attr]
+        local, mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride
+    )
