@@ -3,8 +3,8 @@
 Every ```python block of README.md and docs/*.md runs in a fresh interpreter, in an empty
 directory, after a prelude that defines the names the docs leave to the reader's program
 (``model``, ``optimizer``, ``state_dict``, ``steps``, ``train_step``) and starts a one-rank
-gloo process group; a block that raises fails its test. The README's C program is built
-with the README's C-only CMake project against the installed C package that
+gloo process group; a block that raises fails its test. The C program of docs/c-api.md is
+built with that page's C-only CMake project against the installed C package that
 ``scripts/test-install`` makes, and run. The shell blocks are the setup and test commands
 that ``.ci/run`` itself runs, or build commands that ``scripts/test-install`` runs.
 """
@@ -93,16 +93,16 @@ def test_python_block_runs(path: Path, line: int, code: str, tmp_path: Path):
     assert "REGISTRATIONS 0" in r.stdout, f"{path.name}:{line} left registrations behind:\n{r.stdout[-2000:]}"
 
 
-def test_readme_c_program_builds_with_the_readme_cmake_project_and_runs(tmp_path: Path):
+def test_the_c_program_builds_with_the_c_only_cmake_project_and_runs(tmp_path: Path):
     prefix = REPO / "build/install-check/prefix"
     if not (prefix / "include/hostreg/hostreg.h").is_file():
         message = f"{prefix} is missing: scripts/test-install makes it (scripts/test runs it before pytest)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    readme = REPO / "README.md"
-    ((c_line, c_code),) = blocks(readme, "c")
-    ((cm_line, cmake_code),) = blocks(readme, "cmake")
+    page = REPO / "docs" / "c-api.md"
+    ((c_line, c_code),) = blocks(page, "c")
+    ((cm_line, cmake_code),) = blocks(page, "cmake")
     (tmp_path / "app.c").write_text(c_code + "\n", encoding="utf-8")
     (tmp_path / "CMakeLists.txt").write_text(cmake_code + "\n", encoding="utf-8")
     cmake = shutil.which("cmake", path=str(Path(sys.executable).parent)) or "cmake"
@@ -120,7 +120,7 @@ def test_readme_c_program_builds_with_the_readme_cmake_project_and_runs(tmp_path
     ):
         r = subprocess.run([cmake, *args], capture_output=True, text=True, timeout=300, env=env)
         assert r.returncode == 0, (
-            f"README.md:{cm_line} / :{c_line}: cmake {args[0]} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+            f"c-api.md:{cm_line} / :{c_line}: cmake {args[0]} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
         )
     r = subprocess.run(
         [str(tmp_path / "build/app")],
