@@ -75,9 +75,8 @@ def main(argv: list[str]) -> None:
         if what == "save":  # DCP's own writer, this torch's format
             path, seed = argv.pop(0), int(argv.pop(0))
             sd = build(seed)
-            dcp.save(
-                sd, storage_writer=dcp.FileSystemWriter(path)
-            )  # one process: DCP assumes no_dist (2.4 has no such argument)
+            # One process: DCP assumes no_dist (2.4 has no such argument).
+            dcp.save(sd, storage_writer=dcp.FileSystemWriter(path))
             out["saved"] = digest(sd)
         elif what == "load":  # DCP's own reader, then its converter to one torch.save file
             from torch.distributed.checkpoint.format_utils import dcp_to_torch_save

@@ -14,8 +14,8 @@ import torch
 #: (device mesh, placements, global shape, global strides) of a DTensor.
 Placement = tuple
 
-# Where torch defines DTensor: torch >= 2.5 (public as torch.distributed.tensor.DTensor), and
-# torch 2.4 (torch.distributed._tensor.DTensor).
+# The modules that define DTensor: torch >= 2.5 (public as torch.distributed.tensor.DTensor),
+# and torch 2.4 (torch.distributed._tensor.DTensor).
 _DEFINED_IN = ("torch.distributed.tensor._api", "torch.distributed._tensor.api")
 _dtensor: type | None = None
 
@@ -27,12 +27,11 @@ def dtensor_type() -> type | None:
     stage; importing it here would add about 0.4 s to a first staging (DTensor's import brings
     sympy with it), and torch builds without ``torch.distributed`` have none at all."""
     global _dtensor
-    if _dtensor is None and any(name in sys.modules for name in _DEFINED_IN):
-        try:
-            from torch.distributed.tensor import DTensor
-        except ImportError:  # torch 2.4
-            from torch.distributed._tensor import DTensor
-        _dtensor = DTensor
+    if _dtensor is None:
+        for name in _DEFINED_IN:
+            _dtensor = getattr(sys.modules.get(name), "DTensor", None)
+            if _dtensor is not None:
+                break
     return _dtensor
 
 
