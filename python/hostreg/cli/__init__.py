@@ -65,10 +65,13 @@ def _stage(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    with _kept_for_life():  # these bring torch in
+    with _kept_for_life():  # these bring torch in, and DCP where the job saves
         from . import models
         from . import stage as stage_job
         from .checkpoint import load_checkpoint
+
+        if args.save:
+            import torch.distributed.checkpoint  # noqa: F401
 
     out = _console()
     err = _console(stderr=True)
