@@ -29,7 +29,9 @@ ROW = re.compile(r"^(\S+)\s{2,}(.+?)\s{2,}(PASS|FAIL|INFO|SKIP)(?:\s{2,}(.*))?$"
 
 
 def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "PYTHONPATH": str(SCRIPTS), **extra}
+    # SCRIPTS before the suite's own (conftest's CHILD_SITE, which gc-freezes torch's import).
+    path = os.pathsep.join(p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "PYTHONPATH": path, **extra}
     env.pop("HOSTREG_BACKEND", None)
     env.pop("HOSTREG_AUTO_INSTALL", None)
     double = DOUBLES / "libhostreg_double_cuda.so"
