@@ -337,3 +337,26 @@ def test_a_failed_save_leaves_nothing_registered_or_locked(tmp_path: Path):
     gc.collect()
     assert hostreg.stats().registrations == 0 and hostreg.locked_bytes() <= before, "released while the error is held"
     assert "cannot use" in str(e.value)
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_a_commands_imports_run_with_the_collector_paused_and_what_they_made_frozen(collecting: bool):
+    import gc
+
+    from hostreg.cli import _kept_for_life
+
+    (gc.enable if collecting else gc.disable)()
+    try:
+        frozen = gc.get_freeze_count()
+        with _kept_for_life():
+            assert not gc.isenabled()
+            made = [[] for _ in range(100)]  # tracked containers, as a module's objects are
+        assert gc.isenabled() is collecting
+        assert gc.get_freeze_count() >= frozen + len(made)
+        frozen = gc.get_freeze_count()
+        with pytest.raises(ImportError), _kept_for_life():
+            import hostreg_no_such_module  # noqa: F401
+        assert gc.isenabled() is collecting  # as it was, and nothing frozen after a failed import
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.enable()

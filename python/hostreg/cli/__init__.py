@@ -70,8 +70,9 @@ def _stage(args: argparse.Namespace) -> int:
         from . import stage as stage_job
         from .checkpoint import load_checkpoint
 
-        if args.save:
-            import torch.distributed.checkpoint  # noqa: F401
+        if args.save:  # a torch without DCP: the save says so, as without this import
+            with contextlib.suppress(ImportError):
+                import torch.distributed.checkpoint  # noqa: F401
 
     out = _console()
     err = _console(stderr=True)
