@@ -10,7 +10,8 @@ aarch64 Python under qemu-user). Prints one JSON line; exits 1 at the first fail
   size and falls back, a second registration answers cudaErrorHostMemoryAlreadyRegistered;
 - where torch imports: a state dict staged by create_cpu_state_dict + copy_state_dict and by
   a Stager (equal values, the bytes locked while staged), saved by hostreg's FileSystemWriter
-  with dcp.save and read back by dcp.load with torch's own FileSystemReader, bit-exact.
+  with dcp.save and read back by dcp.load with torch's own FileSystemReader, bit-exact;
+- once (torch-first): a DTensor staged by a Stager stays a DTensor, its local tensor pinned.
 """
 
 from __future__ import annotations
@@ -121,7 +122,41 @@ def main() -> None:
         )
         del staged
         out["staged_and_saved"] = True
+        if order == "torch-first":  # once a wheel: DTensor's module differs between torch versions
+            out["dtensor_staged"] = stage_a_dtensor(torch, ht, scratch)
     print(json.dumps(out))
+
+
+def stage_a_dtensor(torch, ht, scratch: str) -> bool:
+    """A DTensor (one rank over gloo, sharded on dim 0) staged by a Stager comes back a DTensor
+    of the same mesh and placements whose local tensor is equal and lies in hostreg's pinned
+    memory. torch 2.4 defines DTensor in torch.distributed._tensor, later ones in
+    torch.distributed.tensor."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    try:
+        from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    except ImportError:  # torch < 2.5
+        from torch.distributed._tensor import DTensor, Shard, distribute_tensor
+
+    store = os.path.join(scratch, f"pg-{os.getpid()}")  # the scratch folder is shared by every run
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method="file://" + store)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        d = distribute_tensor(torch.arange(64, dtype=torch.float32).reshape(8, 8), mesh, [Shard(0)])
+        with ht.Stager() as stager:
+            got = stager.stage({"d": d, "plain": torch.ones(3)})["d"]
+            check(isinstance(got, DTensor), f"a staged DTensor came back as {type(got).__name__}")
+            check(
+                got.device_mesh == mesh and got.placements == d.placements, "the staged DTensor's mesh and placements"
+            )
+            check(torch.equal(got.to_local(), d.to_local()), "the staged DTensor's values")
+            check(ht.is_pinned_by_hostreg(got.to_local()), "the staged DTensor's local tensor is pinned by hostreg")
+            del got
+    finally:
+        dist.destroy_process_group()
+    return True
 
 
 if __name__ == "__main__":
