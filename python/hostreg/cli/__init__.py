@@ -70,7 +70,7 @@ def _stage(args: argparse.Namespace) -> int:
         from . import stage as stage_job
         from .checkpoint import load_checkpoint
 
-        if args.save:  # a torch without DCP: the save says so, as without this import
+        if args.save:  # a torch without DCP fails in the save's own import, as it did before
             with contextlib.suppress(ImportError):
                 import torch.distributed.checkpoint  # noqa: F401
 
