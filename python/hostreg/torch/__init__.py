@@ -8,7 +8,8 @@
 - In-place pinning (:func:`pin_`, :func:`unpin_`, :func:`pinned`; ``_pin.py``) page-locks
   the memory any CPU tensor already has, where ``Tensor.pin_memory()`` copies.
 - Checkpoints (:class:`FileSystemWriter`, :class:`FileSystemReader`; the ``_checkpoint`` package)
-  write and read DCP's own format at the disk's speed (``O_DIRECT`` from the arena).
+  write and read DCP's own format at the disk's speed (``O_DIRECT`` from the arena);
+  :class:`SavePlanner` plans a save once per state-dict structure (:func:`clear_plan_cache`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from ._state_dict import ALIGNMENT, Arena, copy_state_dict, create_cpu_state_dic
 __all__ = [
     "ALIGNMENT",
     "Arena",
+    "clear_plan_cache",
     "FileSystemReader",
     "FileSystemWriter",
     "PinError",
+    "SavePlanner",
     "Stager",
     "copy_state_dict",
     "create_cpu_state_dict",
@@ -39,13 +42,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ._checkpoint import FileSystemReader, FileSystemWriter
+    from ._checkpoint import FileSystemReader, FileSystemWriter, SavePlanner, clear_plan_cache
 
 
 def __getattr__(name: str) -> Any:
     # The checkpoint writer and reader import torch.distributed.checkpoint (about 0.5 s): only
     # when asked for, so that the drop-in and staging start as fast as before.
-    if name in ("FileSystemReader", "FileSystemWriter"):
+    if name in ("FileSystemReader", "FileSystemWriter", "SavePlanner", "clear_plan_cache"):
         from . import _checkpoint
 
         return getattr(_checkpoint, name)

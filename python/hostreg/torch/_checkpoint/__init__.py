@@ -10,12 +10,31 @@ checkpoints the same way into the destination tensors.
 
 The package in files: ``files.py`` (opening files for O_DIRECT, the transfer statistics),
 ``parts.py`` (a file laid out in parts, each written by the C core while the next is laid
-out), ``container.py`` / ``container_read.py`` (one tensor's ``torch.save`` container), ``writer.py`` (:class:`FileSystemWriter`), ``reader.py`` (:class:`FileSystemReader`).
+out), ``container.py`` / ``container_read.py`` (one tensor's ``torch.save`` container), ``writer.py`` (:class:`FileSystemWriter`), ``reader.py`` (:class:`FileSystemReader`);
+planning once per structure: ``planner.py`` (:class:`SavePlanner`), ``fixed.py`` (a file's
+tensor containers laid out once), ``metadata_file.py`` (``.metadata`` pickled once),
+``keyed.py`` (what is made once travels between ranks as a token and its bytes).
 """
 
 from __future__ import annotations
 
+from . import fixed as _fixed
+from . import keyed as _keyed
+from . import metadata_file as _metadata_file
+from . import planner as _planner
+from .planner import SavePlanner
 from .reader import FileSystemReader
 from .writer import FileSystemWriter
 
-__all__ = ["FileSystemReader", "FileSystemWriter"]
+
+def clear_plan_cache() -> None:
+    """Forget every plan, file layout and ``.metadata`` prefix that hostreg's
+    :class:`SavePlanner` and :class:`FileSystemWriter` remember in this process (the next save
+    of each structure plans and lays out anew; nothing else changes)."""
+    _planner.clear_plan_cache()
+    _fixed.clear()
+    _metadata_file.clear()
+    _keyed.clear()
+
+
+__all__ = ["FileSystemReader", "FileSystemWriter", "SavePlanner", "clear_plan_cache"]

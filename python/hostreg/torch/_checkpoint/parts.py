@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import array
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -83,6 +83,12 @@ PART_ITEMS = 256
 PART_BYTES = 128 << 20
 
 
+class _Part(Protocol):
+    """What :class:`_PartWriter` writes: a :class:`_FileLayout`, or a fixed part (``fixed.py``)."""
+
+    def write(self, fd: int, threads: int, flags: int, stats: IoStats) -> None: ...
+
+
 class _PartWriter:
     """Writes the parts of one file in order, one at a time, on a thread of its own, so that
     the caller lays out part k + 1 while part k is written. Without a thread to be had, each
@@ -94,7 +100,7 @@ class _PartWriter:
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
 
-    def submit(self, part: _FileLayout, flags: int) -> None:
+    def submit(self, part: _Part, flags: int) -> None:
         self.wait()
         t = threading.Thread(target=self._run, args=(part, flags), name="hostreg-writer", daemon=True)
         try:
@@ -104,7 +110,7 @@ class _PartWriter:
             return
         self._thread = t
 
-    def _run(self, part: _FileLayout, flags: int) -> None:
+    def _run(self, part: _Part, flags: int) -> None:
         try:
             part.write(self._fd, self._threads, flags, self._stats)
         except BaseException as e:  # handed to the caller by wait()

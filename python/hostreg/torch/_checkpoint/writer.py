@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-import pickle
 import secrets
 from typing import Any
 
@@ -18,7 +17,9 @@ from torch.futures import Future
 
 from ... import _hostreg
 from . import container as _container
+from . import fixed as _fixed
 from .files import _DCP_VERSION, BLOCK, METADATA, MIN_DIRECT, SUFFIX, IoStats, _fsync_dir, _open_to_replace
+from .metadata_file import Results, metadata_bytes
 from .parts import _FileLayout, _PartWriter
 
 
@@ -123,11 +124,18 @@ class FileSystemWriter(StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         prefix = plan.storage_data.prefix
         self.stats = IoStats()
+        results = self._write_planned_before(prefix, plan, planner)
+        if results is not None:
+            if self.sync_files:
+                _fsync_dir(self.path)
+            done: Future[list[WriteResult]] = Future()
+            done.set_result(results)
+            return done
         # Each item's data is resolved as its part is laid out (while the part before it is
         # being written), not all before the first byte is written.
         resolved = ((item, planner.resolve_data(item)) for item in plan.items)
         groups: Any = [resolved] if self.single_file_per_rank else ([x] for x in resolved)
-        results: list[WriteResult] = []
+        results = []
         for n, group in enumerate(groups):
             results += self._write_file(f"{prefix}{n}{SUFFIX}", group)
         if self.sync_files:
@@ -138,12 +146,12 @@ class FileSystemWriter(StorageWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         metadata.version = _DCP_VERSION
-        metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
         metadata.storage_meta = self.storage_meta()
+        blob = metadata_bytes(metadata, results)  # sets metadata.storage_data
         final = self._own_metadata()
         tmp = final + ".tmp"
         with open(tmp, "wb") as f:
-            pickle.dump(metadata, f)
+            f.write(blob)
             if self.sync_files:
                 f.flush()
                 os.fsync(f.fileno())
@@ -166,14 +174,58 @@ class FileSystemWriter(StorageWriter):
 
     # -- the file --
 
-    def _write_file(self, name: str, items: Any) -> list[WriteResult]:
-        """Lays out and writes one file of ``items`` ((WriteItem, data) pairs) in parts."""
+    def _write_planned_before(self, prefix: str, plan: SavePlan, planner: SavePlanner) -> list[WriteResult] | None:
+        """This rank's file written through :meth:`_write_reused` where the planner is hostreg's
+        and vouches for the structure (one file per rank); None otherwise (nothing written)."""
+        resolve_all = getattr(planner, "resolve_all", None)
+        if not self.single_file_per_rank or resolve_all is None:
+            return None
+        data = resolve_all(plan)
+        token = None if data is None else planner.structure_token()
+        if token is None:
+            return None
+        return self._write_reused(f"{prefix}0{SUFFIX}", plan.items, data, token)
+
+    def _write_reused(self, name: str, items: list, data: list, token: str) -> list[WriteResult]:
+        """Writes file ``name`` of ``items`` (``data``: each one's) whose structure the planner
+        names by ``token``: its tensors from the fixed part laid out at an earlier save of that
+        structure (``fixed.py``), where their addresses still fit it, the rest laid out now."""
+        key = (token, name)
+        part = _fixed.find(key, items)
+        ptrs = None
+        if part is not None:
+            ptrs = part.addresses(data)
+            if not part.fits(ptrs) or not part.lock.acquire(blocking=False):
+                part = None
+        if part is None:
+            index = [i for i, (item, d) in enumerate(zip(items, data)) if _fixed.fixable(item, d)]
+            sid = f"{int(self.save_id, 16):040d}".encode()
+            part = _fixed.lay_out(name, items, data, index, sid, self._add_tensor)
+            ptrs = part.addresses(data)
+            part.lock.acquire()
+            _fixed.keep(key, part)
+        try:
+            part.point(ptrs)
+            return self._write_file(name, [(items[i], data[i]) for i in part.rest], first=part)
+        finally:
+            part.lock.release()
+
+    def _write_file(self, name: str, items: Any, first: _fixed.FixedPart | None = None) -> list[WriteResult]:
+        """Lays out and writes one file of ``items`` ((WriteItem, data) pairs) in parts, after
+        the fixed part ``first`` where one is given."""
         path = os.path.join(self.path, name)
         fd = _open_to_replace(path, self.direct_io)
         parts = _PartWriter(fd, self.thread_count, self.stats)
+        last = _hostreg.IO_SYNC if self.sync_files else 0
         try:
-            results, lay = self._lay_out(name, items, parts)
-            parts.submit(lay, _hostreg.IO_SYNC if self.sync_files else 0)
+            results: list[WriteResult] = []
+            start = 0
+            if first is not None:
+                parts.submit(first, _hostreg.IO_MORE if items else last)
+                start = first.end
+            if first is None or items:
+                results, lay = self._lay_out(name, items, parts, start)
+                parts.submit(lay, last)
             parts.wait()
         except BaseException:
             parts.drain()
@@ -184,12 +236,15 @@ class FileSystemWriter(StorageWriter):
             raise
         finally:
             os.close(fd)
-        return results
+        return results if first is None else Results(first.results, first.token, results)
 
-    def _lay_out(self, name: str, items: Any, parts: _PartWriter) -> tuple[list[WriteResult], _FileLayout]:
-        """Every item's container, in file order; full parts go to ``parts`` as they are laid
-        out. Returns the results and the last part (not yet written)."""
-        lay = _FileLayout()
+    def _lay_out(
+        self, name: str, items: Any, parts: _PartWriter, start: int = 0
+    ) -> tuple[list[WriteResult], _FileLayout]:
+        """Every item's container, in file order from offset ``start`` (a multiple of the
+        block); full parts go to ``parts`` as they are laid out. Returns the results and the
+        last part (not yet written)."""
+        lay = _FileLayout(start)
         sid = f"{int(self.save_id, 16):040d}".encode()  # 40 digits, as torch.save writes its ids
         align = _container.STORAGE_ALIGNMENT
         results = []

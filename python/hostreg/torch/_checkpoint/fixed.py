@@ -1,0 +1,149 @@
+"""The part of a checkpoint file that is the same at every save of one structure: the tensors'
+containers, laid out once and written again from the same bytes (docs/checkpoint.md,
+"Planning once").
+
+A file's layout (where each container starts, its headers, the padding that puts each
+tensor's bytes at a file offset congruent to its address, so that ``O_DIRECT`` takes them
+straight from memory) depends only on the items, each tensor's dtype and shape, and each
+tensor's address modulo the block. A save whose planner (hostreg's :class:`SavePlanner`)
+vouches that the structure is one it planned before, with the same plan items, reuses the
+:class:`FixedPart` made then: the same header bytes (the CRC-32 fields are filled in again by
+the C core at each write), the same segments with the tensors' addresses of this save, the
+same write results. Only if a tensor's address moved to another offset in its block is the
+part laid out again. Items that are not such tensors (bytes items, tensors written by
+``torch.save`` or copied first) follow in a part laid out at each save.
+
+The containers of a fixed part keep the ``.data/serialization_id`` of the save that laid it
+out: torch reads that record only to log it (``torch/serialization.py``, ``_load``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.planner import WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+
+from ... import _hostreg
+from . import container as _container
+from . import keyed
+from .files import BLOCK, IoStats, _address, _raise_io
+from .parts import _FileLayout
+
+
+def fixable(item: Any, data: Any) -> bool:
+    """Is ``data`` (item's) written from its own memory as it is: a plain, contiguous CPU tensor
+    that ``torch.save`` would describe as hostreg's containers do?"""
+    return (
+        item.type != WriteItemType.BYTE_IO
+        and type(data) is torch.Tensor
+        and _container.encodable(data)
+        and data.device.type == "cpu"
+        and data.is_contiguous()
+        and not (data.is_conj() or data.is_neg())
+    )
+
+
+class FixedPart:
+    """One file's tensor containers laid out (``rows``: the segment of each tensor with bytes;
+    ``mods``: their addresses modulo the block when laid out); ``results`` in the order of
+    ``index`` (positions in the plan's items)."""
+
+    def __init__(
+        self, items: list, index: list[int], lay: _FileLayout, rows: list[int], ptrs: list[int], results: list
+    ) -> None:
+        self.items = items  # the plan's items it was laid out for (kept: compared by identity)
+        self.index = index
+        self.meta = lay.meta  # the bytes the segments point into (kept alive here)
+        seg = torch.empty((len(lay.pieces), 3), dtype=torch.int64)
+        base = _address(lay.meta)
+        seg[:, 0] = torch.tensor([p[0] for p in lay.pieces], dtype=torch.int64)
+        seg[:, 1] = torch.tensor([p[1] for p in lay.pieces], dtype=torch.int64)
+        seg[:, 2] = torch.tensor([base + p[2] if p[3] is None else 0 for p in lay.pieces], dtype=torch.int64)
+        self.seg = seg
+        self.rows = torch.tensor([r for r in rows if r >= 0], dtype=torch.int64)
+        self.byte_items = [i for i, r in zip(index, rows) if r >= 0]  # plan positions of the tensors with bytes
+        taken = set(index)
+        self.rest = [i for i in range(len(items)) if i not in taken]  # laid out at each save
+        self.mods = torch.tensor(ptrs, dtype=torch.int64) % BLOCK
+        self.patches = torch.tensor(lay.patches, dtype=torch.int64).reshape(-1, 3)
+        self.results = results
+        self.token = keyed.new_token(results)  # names the results between ranks (metadata_file.Results)
+        self.end = lay.pos
+        self.lock = threading.Lock()  # one write at a time from these bytes (the CRCs are written into them)
+
+    def addresses(self, data: list) -> torch.Tensor:
+        """The addresses of this save's tensors with bytes (``data``: every item's), in order."""
+        ts = list(map(data.__getitem__, self.byte_items))
+        return torch.tensor(list(map(torch.Tensor.data_ptr, ts)), dtype=torch.int64)
+
+    def fits(self, ptrs: torch.Tensor) -> bool:
+        """Do tensors at ``ptrs`` (from :meth:`addresses`) lie as the ones it was laid out for?"""
+        return bool(torch.equal(ptrs % BLOCK, self.mods))
+
+    def write(self, fd: int, threads: int, flags: int, stats: IoStats) -> None:
+        """Writes the part (its segments' addresses set by :func:`point`), as _FileLayout.write."""
+        got = _hostreg.file_write(
+            fd, self.seg.data_ptr(), self.seg.shape[0], self.patches.data_ptr(), self.patches.shape[0], threads, flags
+        )
+        if got[0] != 0:
+            _raise_io("cannot write the checkpoint file")
+        stats.add(got)
+
+    def point(self, ptrs: torch.Tensor) -> None:
+        """Sets the tensors' segments to this save's addresses."""
+        self.seg[self.rows, 2] = ptrs
+
+
+def lay_out(name: str, items: list, data: list, index: list[int], sid: bytes, add_tensor: Any) -> FixedPart:
+    """The fixed part of file ``name`` for ``items[i]`` with ``data[i]``, i in ``index`` (all
+    :func:`fixable`), laid out from offset 0 by ``add_tensor`` (the writer's), padded to the block."""
+    lay = _FileLayout()
+    align = _container.STORAGE_ALIGNMENT
+    rows, ptrs, results = [], [], []
+    for i in index:
+        t = data[i]
+        before = len(lay.pieces)
+        start = add_tensor(lay, t, align, sid)
+        got = [j for j in range(before, len(lay.pieces)) if lay.pieces[j][3] is not None]
+        rows.append(got[0] if got else -1)
+        if got:
+            ptrs.append(t.data_ptr())
+        lay.items += 1
+        results.append(
+            WriteResult(
+                index=items[i].index,
+                size_in_bytes=lay.pos - start,
+                storage_data=_StorageInfo(name, start, lay.pos - start),
+            )
+        )
+    lay.close_part()
+    return FixedPart(items, index, lay, rows, ptrs, results)
+
+
+_KEEP = 2  # fixed parts remembered per process (their header bytes: about 1 KB a tensor)
+_lock = threading.Lock()
+_parts: OrderedDict[tuple, FixedPart] = OrderedDict()
+
+
+def find(key: tuple, items: list) -> FixedPart | None:
+    with _lock:
+        got = _parts.get(key)
+    return got if got is not None and got.items is items else None
+
+
+def keep(key: tuple, part: FixedPart) -> None:
+    with _lock:
+        _parts[key] = part
+        _parts.move_to_end(key)
+        while len(_parts) > _KEEP:
+            _parts.popitem(last=False)
+
+
+def clear() -> None:
+    with _lock:
+        _parts.clear()

@@ -1,0 +1,118 @@
+"""``.metadata``'s bytes, pickled once per structure (docs/checkpoint.md, "Planning once").
+
+DCP's ``.metadata`` is one pickle of a ``Metadata`` object: per tensor its properties, size and
+chunks (from the planner) and where its bytes lie (``storage_data``, from the writers). For a
+structure saved before, with the same global plan and the same fixed parts on every rank, only
+``storage_meta`` (this save's id and path) and the items written at each save (bytes items,
+``fixed.py``'s rest) differ. So the pickle is made in two pieces:
+
+- the prefix, once: the ``Metadata`` with its fields in the order ``state_dict_metadata``,
+  ``planner_data``, ``version`` (and any other field torch adds), then ``storage_data`` holding
+  the fixed parts' entries; pickled with protocol 3 (no framing) and cut before its last three
+  opcodes (``SETITEMS`` of the object's state, ``BUILD``, ``STOP``);
+- the suffix, at each save: ``MARK``, the other ``storage_data`` entries, ``SETITEMS`` (into the
+  dict the prefix left on top of the stack), then the key ``storage_meta`` and its value, then
+  the three opcodes cut. It is pickled in the pickler's fast mode (no memo), so that it
+  neither reads nor overwrites the prefix's memo.
+
+The result unpickles to the same ``Metadata`` as ``pickle.dump`` of it would (the opcodes are
+Python's pickle protocol, ``Lib/pickletools.py``); DCP's stock reader reads it as any other.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from torch.distributed.checkpoint.metadata import Metadata
+
+from . import keyed
+
+_CUT = b"ub."  # SETITEMS, BUILD, STOP: the end of a pickled object whose state is a dict of 2+ items
+
+
+class Results(list):
+    """A rank's write results, the first ``len(fixed)`` of them a fixed part's (the same
+    objects at every save that reuses that part; ``fixed`` is named by ``token``)."""
+
+    def __init__(self, fixed: list, token: str | None, rest: list) -> None:
+        super().__init__(fixed)
+        self.extend(rest)
+        self.fixed, self.token = fixed, token
+
+    def __reduce__(self) -> Any:
+        if self.token is None or keyed.sent(self.token) is not self.fixed:
+            return (list, (list(self),))
+        return (_rebuild, (self.token, keyed.blob(self.token), self[len(self.fixed) :]))
+
+
+def _rebuild(token: str, blob: bytes, rest: list) -> Results:
+    return Results(keyed.rebuild(token, blob), token, rest)
+
+
+def _fast(obj: Any) -> bytes:
+    """``obj`` pickled without memo, without its PROTO and STOP opcodes."""
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=3)
+    p.fast = True
+    p.dump(obj)
+    return buf.getvalue()[2:-1]
+
+
+class _Prefix:
+    __slots__ = ("metadata", "fixed", "storage_data", "prefix")
+
+    def __init__(self, metadata: Metadata, fixed: list[list], storage_data: dict, prefix: bytes) -> None:
+        self.metadata, self.fixed, self.storage_data, self.prefix = metadata, fixed, storage_data, prefix
+
+
+def _make_prefix(metadata: Metadata, fixed: list[list]) -> _Prefix:
+    storage_data = {wr.index: wr.storage_data for wrs in fixed for wr in wrs}
+    state = {k: v for k, v in vars(metadata).items() if k not in ("storage_data", "storage_meta")}
+    state["storage_data"] = storage_data
+    pre = Metadata.__new__(Metadata)
+    pre.__dict__.update(state)
+    raw = pickle.dumps(pre, protocol=3)
+    if len(state) < 2 or not raw.endswith(_CUT):
+        raise AssertionError("unexpected pickle of Metadata")  # the state is a dict of 2+ items
+    return _Prefix(metadata, fixed, storage_data, raw[: -len(_CUT)])
+
+
+_KEEP = 2
+_lock = threading.Lock()
+_prefixes: OrderedDict[tuple, _Prefix] = OrderedDict()
+
+
+def metadata_bytes(metadata: Metadata, results: list[list]) -> bytes:
+    """The pickle of ``metadata`` whose ``storage_data`` is (set here) every entry of
+    ``results`` (a list per rank), as ``pickle.dumps`` would give it: from a remembered prefix
+    where every rank's results begin with a fixed part, else pickled whole."""
+    fixed = [getattr(r, "fixed", None) for r in results]
+    if any(f is None for f in fixed):
+        metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
+        return pickle.dumps(metadata, protocol=3)
+    key = (id(metadata), *map(id, fixed))
+    with _lock:
+        got = _prefixes.get(key)
+    if got is None or got.metadata is not metadata or not all(a is b for a, b in zip(got.fixed, fixed)):
+        got = _make_prefix(metadata, fixed)  # type: ignore[arg-type]
+        with _lock:
+            _prefixes[key] = got
+            _prefixes.move_to_end(key)
+            while len(_prefixes) > _KEEP:
+                _prefixes.popitem(last=False)
+    rest = {wr.index: wr.storage_data for r, f in zip(results, fixed) for wr in r[len(f) :]}  # type: ignore[arg-type]
+    metadata.storage_data = {**got.storage_data, **rest} if rest else got.storage_data.copy()
+    suffix = b""
+    if rest:
+        suffix += b"(" + b"".join(_fast(k) + _fast(v) for k, v in rest.items()) + b"u"
+    suffix += _fast("storage_meta") + _fast(metadata.storage_meta) + _CUT
+    return got.prefix + suffix
+
+
+def clear() -> None:
+    with _lock:
+        _prefixes.clear()

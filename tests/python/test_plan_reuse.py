@@ -1,0 +1,292 @@
+"""hostreg.torch.SavePlanner and the writer's reuse of what it made for a structure: a save
+that changes one thing after a save of another structure loads exactly what it saved, with
+DCP's stock reader, hostreg's reader and dcp_to_torch_save, and writes the .metadata DCP's own
+planner would; reuse happens where the structure is the same (and only there); torch's own
+plan caching in the same process changes none of it; two ranks over gloo."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from ranks import run_ranks
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+import hostreg.torch as ht
+from hostreg.torch._checkpoint import fixed as _fixed
+from hostreg.torch._checkpoint import keyed as _keyed
+from hostreg.torch._checkpoint import planner as _planner
+from hostreg.torch._checkpoint.metadata_file import metadata_bytes
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    ht.clear_plan_cache()
+    yield
+    ht.clear_plan_cache()
+
+
+def rand(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * 100).to(dtype)
+
+
+def base(seed: int = 0) -> dict:
+    return {
+        "model": {f"w{i}": rand(40, 30, seed=seed + i) for i in range(6)},
+        "big": rand(300_000, seed=seed + 99),  # past 256 KiB: written from its memory with O_DIRECT
+        "optim": {"step": torch.tensor(float(seed)), "param_groups": [{"lr": 0.1 + seed, "params": [0, 1]}]},
+    }
+
+
+def like(sd):
+    if isinstance(sd, dict):
+        return {k: like(v) for k, v in sd.items()}
+    if isinstance(sd, list):
+        return [like(v) for v in sd]
+    if isinstance(sd, torch.Tensor):
+        return torch.full_like(sd, 7) if sd.numel() else torch.empty_like(sd)
+    return None
+
+
+def flat(sd, prefix: str = "") -> dict:
+    out = {}
+    items = sd.items() if isinstance(sd, dict) else enumerate(sd) if isinstance(sd, list) else None
+    if items is None:
+        return {prefix: sd}
+    for k, v in items:
+        out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def assert_loads(path: Path, sd: dict) -> None:
+    """Every reader gives back exactly ``sd``."""
+    want = flat(sd)
+    for reader in ("stock", "hostreg"):
+        dest = like(sd)
+        kw = {"checkpoint_id": path} if reader == "stock" else {"storage_reader": ht.FileSystemReader(path)}
+        dcp.load(dest, **kw)
+        got = flat(dest)
+        assert got.keys() == want.keys(), reader
+        for k, v in want.items():
+            if isinstance(v, torch.Tensor):
+                assert got[k].dtype == v.dtype and torch.equal(got[k], v), (reader, k)
+            else:
+                assert got[k] == v, (reader, k)
+    torch_file = path.parent / f"{path.name}.pt"
+    dcp_to_torch_save(path, torch_file)
+    full = torch.load(torch_file, weights_only=False)
+    for k, v in flat(full).items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, want[k]), k
+
+
+def save(sd: dict, path: Path, writer: str = "hostreg") -> None:
+    w = ht.FileSystemWriter(path) if writer == "hostreg" else dcp.FileSystemWriter(path)
+    dcp.save(sd, storage_writer=w, planner=ht.SavePlanner())
+
+
+def stock_metadata(sd: dict, path: Path):
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(path), planner=DefaultSavePlanner())
+    return dcp.FileSystemReader(path).read_metadata()
+
+
+def changed(kind: str) -> tuple[dict, dict]:
+    a = base(0)
+    b = base(1)
+    m = b["model"]
+    if kind == "shape":
+        m["w2"] = rand(30, 40, seed=5)
+    elif kind == "dtype-same-size":
+        m["w2"] = rand(40, 30, dtype=torch.int32, seed=5)
+    elif kind == "dtype-only":
+        m["w2"] = rand(40, 30, dtype=torch.float16, seed=5)
+    elif kind == "key-added":
+        m["w6"] = rand(3, seed=6)
+    elif kind == "key-removed":
+        del m["w5"]
+    elif kind == "key-renamed":
+        m["v5"] = m.pop("w5")
+    elif kind == "key-type":
+        a["model"][1] = rand(4, seed=1)
+        b["model"][True] = rand(4, seed=2)
+    elif kind == "nesting":
+        b = {f"model.{k}": v for k, v in m.items()} | {k: v for k, v in b.items() if k != "model"}
+    elif kind == "view":
+        m["w3"] = m["w4"]  # one tensor under two keys, then a view of another's storage
+        m["w1"] = b["big"][:1200].view(40, 30)
+    elif kind == "non-contiguous":
+        m["w2"] = rand(30, 40, seed=5).t()
+    elif kind == "requires-grad":
+        m["w2"] = m["w2"].requires_grad_()
+    elif kind == "value":
+        b["optim"]["param_groups"][0]["lr"] = 123.0
+    elif kind == "same":
+        pass
+    return a, b
+
+
+KINDS = [
+    "same",
+    "shape",
+    "dtype-same-size",
+    "dtype-only",
+    "key-added",
+    "key-removed",
+    "key-renamed",
+    "key-type",
+    "nesting",
+    "view",
+    "non-contiguous",
+    "requires-grad",
+    "value",
+]
+
+
+@pytest.mark.parametrize("writer", ["hostreg", "stock"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_save_after_another_structure_loads_exactly_what_it_saved(tmp_path: Path, kind: str, writer: str):
+    a, b = changed(kind)
+    save(a, tmp_path / "a", writer)
+    save(a, tmp_path / "a2", writer)  # the structure is now one the planner (and writer) remember
+    save(b, tmp_path / "b", writer)
+    assert_loads(tmp_path / "a", a)
+    assert_loads(tmp_path / "a2", a)
+    assert_loads(tmp_path / "b", b)
+    want = stock_metadata(b, tmp_path / "stock")
+    got = dcp.FileSystemReader(tmp_path / "b").read_metadata()
+    assert got.state_dict_metadata == want.state_dict_metadata
+    assert got.planner_data == want.planner_data
+
+
+def test_the_same_structure_is_planned_and_laid_out_once(tmp_path: Path, monkeypatch):
+    made = {"local": 0, "global": 0, "layout": 0}
+    real_local, real_global, real_layout = (
+        DefaultSavePlanner.create_local_plan,
+        DefaultSavePlanner.create_global_plan,
+        _fixed.lay_out,
+    )
+
+    def count(name, fn):
+        def wrapped(*a, **k):
+            made[name] += 1
+            return fn(*a, **k)
+
+        return wrapped
+
+    monkeypatch.setattr(DefaultSavePlanner, "create_local_plan", count("local", real_local))
+    monkeypatch.setattr(DefaultSavePlanner, "create_global_plan", count("global", real_global))
+    monkeypatch.setattr(_fixed, "lay_out", count("layout", real_layout))
+    sd = base(0)
+    for i in range(4):
+        for t in sd["model"].values():
+            t.add_(1)
+        save(sd, tmp_path / f"s{i}")
+        assert_loads(tmp_path / f"s{i}", sd)
+    assert made == {"local": 1, "global": 1, "layout": 1}
+    # New tensors of the same structure (as state_dict() makes): still no new plan.
+    sd = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in sd.items()}
+    sd["model"] = {k: v.clone() for k, v in sd["model"].items()}
+    save(sd, tmp_path / "clone")
+    assert_loads(tmp_path / "clone", sd)
+    assert made["local"] == 1 and made["global"] == 1
+    # cache_plans=False plans every save.
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path / "off"), planner=ht.SavePlanner(cache_plans=False))
+    assert made["local"] == 2
+    assert_loads(tmp_path / "off", sd)
+
+
+def test_torch_own_plan_caching_in_the_same_process_changes_nothing(tmp_path: Path):
+    """torch's DefaultSavePlanner(enable_plan_caching=True) keeps one plan per class name; the
+    three cases where it reuses a plan that no longer fits (a dtype-only change, a change of
+    nesting) are saved with it in between, and hostreg's planner saves them right."""
+    if "enable_plan_caching" not in _planner._DEFAULT_ARGS:
+        pytest.skip("this torch has no enable_plan_caching")
+    cases = [changed("dtype-only"), changed("nesting")]
+    for n, (a, b) in enumerate(cases):
+        for i, sd in enumerate((a, b, a, b)):
+            torch_path, ours = tmp_path / f"t{n}{i}", tmp_path / f"h{n}{i}"
+            dcp.save(
+                sd,
+                storage_writer=dcp.FileSystemWriter(torch_path),
+                planner=DefaultSavePlanner(enable_plan_caching=True),
+            )
+            save(sd, ours)
+            assert_loads(ours, sd)
+            md = dcp.FileSystemReader(ours).read_metadata()
+            assert md.planner_data == stock_metadata(sd, tmp_path / f"s{n}{i}").planner_data
+
+
+def test_a_tensor_moved_within_its_block_is_laid_out_again(tmp_path: Path):
+    """Any address is written right (a segment's memory is its own); one that moved within its
+    block gets a layout of its own, so that its bytes still go to the disk straight from it."""
+    sd = {"a": torch.arange(100_000, dtype=torch.float32), "b": torch.arange(70_000, dtype=torch.int64)}
+    save(sd, tmp_path / "one")
+    save(sd, tmp_path / "two")
+    raw = torch.empty(100_000 * 4 + 64, dtype=torch.uint8)
+    moved = raw[4:].view(torch.float32)[:100_000]  # the same values 4 bytes further on
+    moved.copy_(sd["a"])
+    sd2 = {"a": moved, "b": sd["b"]}
+    w = ht.FileSystemWriter(tmp_path / "three")
+    dcp.save(sd2, storage_writer=w, planner=ht.SavePlanner())
+    assert_loads(tmp_path / "three", sd2)
+    assert w.stats.bounced_bytes < 100_000 or not w.stats.direct  # "a" (400 KB) went from its memory
+
+
+def test_metadata_from_a_prefix_is_what_pickle_gives(tmp_path: Path):
+    sd = base(0) | {"blob": io.BytesIO(b"bytes item"), "n": 5}
+    for i in range(3):
+        sd["n"] = i
+        save(sd, tmp_path / f"m{i}")
+        md = dcp.FileSystemReader(tmp_path / f"m{i}").read_metadata()
+        raw = (tmp_path / f"m{i}" / ".metadata").read_bytes()
+        again = pickle.loads(raw)
+        again.storage_meta.load_id = md.storage_meta.load_id  # read_metadata sets it
+        assert again == md
+        assert md.storage_meta is not None and md.storage_meta.checkpoint_id == str(tmp_path / f"m{i}")
+        dest = like(sd) | {"blob": io.BytesIO(), "n": None}
+        dcp.load(dest, checkpoint_id=tmp_path / f"m{i}")
+        assert dest["n"] == i and dest["blob"].getvalue() == b"bytes item"
+    assert metadata_bytes  # the module under test
+
+
+def _two_ranks(rank: int, world: int, root: str) -> dict:
+    import torch.distributed as dist
+
+    sds = []
+    for step in range(4):
+        # rank-own keys (a plain tensor under one key on two ranks is one replicated tensor to DCP)
+        sd = {f"own{rank}": rand(50, seed=100 * rank + step), "shared": rand(8, seed=step)}
+        if step == 3 and rank == 1:
+            sd["extra"] = rand(3, seed=7)  # one rank's structure changes
+        sds.append(sd)
+        # each rank alone, then both together, with the same planners' caches
+        dcp.save(
+            sd,
+            storage_writer=ht.FileSystemWriter(f"{root}/alone{rank}_{step}"),
+            planner=ht.SavePlanner(),
+            use_collectives=False,
+        )
+        dist.barrier()
+        dcp.save(sd, storage_writer=ht.FileSystemWriter(f"{root}/both{step}"), planner=ht.SavePlanner())
+    out = []
+    for step, sd in enumerate(sds):
+        for where in (f"{root}/alone{rank}_{step}", f"{root}/both{step}"):
+            dest = {k: torch.zeros_like(v) for k, v in sd.items()}
+            dcp.load(dest, checkpoint_id=where)
+            out.append(all(torch.equal(dest[k], sd[k]) for k in sd))
+    return {"ok": out, "received": len(_keyed._received)}
+
+
+def test_two_ranks_alone_then_together_then_one_changes(tmp_path: Path):
+    got = run_ranks(_two_ranks, (str(tmp_path),))
+    for rank, res in got.items():
+        assert all(res["ok"]), (rank, res)
+    assert got[0]["received"] > 0  # the coordinator rebuilt rank 1's plans from tokens
