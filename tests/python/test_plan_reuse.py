@@ -290,3 +290,48 @@ def test_two_ranks_alone_then_together_then_one_changes(tmp_path: Path):
     for rank, res in got.items():
         assert all(res["ok"]), (rank, res)
     assert got[0]["received"] > 0  # the coordinator rebuilt rank 1's plans from tokens
+
+
+def test_load_planner_makes_the_read_items_dcps_makes(tmp_path: Path):
+    """hostreg's LoadPlanner against DCP's DefaultLoadPlanner on one checkpoint: equal plans
+    for whole tensors, 0-d and empty ones, bytes, a partial load and a resized destination."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    sd = base(0) | {"empty": torch.empty(0, 3), "scalar": torch.tensor(2.5), "blob": io.BytesIO(b"x")}
+    save(sd, tmp_path / "c")
+    md = dcp.FileSystemReader(tmp_path / "c").read_metadata()
+
+    def plans(dest: dict, **kw) -> tuple:
+        out = []
+        for cls in (DefaultLoadPlanner, ht.LoadPlanner):
+            p = cls(**kw)
+            p.set_up_planner(dest, md, True)
+            out.append(p.create_local_plan().items)
+        return tuple(out)
+
+    dest = like(sd) | {"blob": io.BytesIO()}
+    want, got = plans(dest)
+    assert got == want and len(got) > 10
+    partial = {"big": torch.zeros(300_000), "missing": torch.zeros(2)}
+    want, got = plans(partial, allow_partial_load=True)
+    assert got == want
+    with pytest.raises(RuntimeError, match="Missing key"):
+        plans(partial)
+    with pytest.raises(ValueError, match="Size mismatch"):
+        plans({"big": torch.zeros(5)})
+    dcp.load(dest, storage_reader=ht.FileSystemReader(tmp_path / "c"), planner=ht.LoadPlanner())
+    for k, v in flat(sd).items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(flat(dest)[k], v), k
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_staged_state_dicts_after_another_structure_load_what_was_staged(tmp_path: Path, kind: str):
+    """Through a Stager, whose staged tensors the planner knows by their slot (_issued.py)."""
+    a, b = changed(kind)
+    with ht.Stager() as stager:
+        for name, sd in (("a", a), ("a2", a), ("b", b), ("b2", b)):
+            staged = stager.stage(sd)
+            dcp.save(staged, storage_writer=ht.FileSystemWriter(tmp_path / name), planner=ht.SavePlanner())
+            del staged
+            assert_loads(tmp_path / name, sd)

@@ -9,7 +9,8 @@
   the memory any CPU tensor already has, where ``Tensor.pin_memory()`` copies.
 - Checkpoints (:class:`FileSystemWriter`, :class:`FileSystemReader`; the ``_checkpoint`` package)
   write and read DCP's own format at the disk's speed (``O_DIRECT`` from the arena);
-  :class:`SavePlanner` plans a save once per state-dict structure (:func:`clear_plan_cache`).
+  :class:`SavePlanner` plans a save once per state-dict structure (:func:`clear_plan_cache`),
+  :class:`LoadPlanner` plans a load without DCP's per-item resharding code where it needs none.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "clear_plan_cache",
     "FileSystemReader",
     "FileSystemWriter",
+    "LoadPlanner",
     "PinError",
     "SavePlanner",
     "Stager",
@@ -42,13 +44,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ._checkpoint import FileSystemReader, FileSystemWriter, SavePlanner, clear_plan_cache
+    from ._checkpoint import FileSystemReader, FileSystemWriter, LoadPlanner, SavePlanner, clear_plan_cache
 
 
 def __getattr__(name: str) -> Any:
     # The checkpoint writer and reader import torch.distributed.checkpoint (about 0.5 s): only
     # when asked for, so that the drop-in and staging start as fast as before.
-    if name in ("FileSystemReader", "FileSystemWriter", "SavePlanner", "clear_plan_cache"):
+    if name in ("FileSystemReader", "FileSystemWriter", "LoadPlanner", "SavePlanner", "clear_plan_cache"):
         from . import _checkpoint
 
         return getattr(_checkpoint, name)

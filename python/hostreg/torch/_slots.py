@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from .._errors import HostregError, StagingError
-from . import _tree
+from . import _issued, _tree
 from ._arena import leaves_on
 from ._copy import CopyPlan
 from ._layout import Prepared
@@ -37,6 +37,7 @@ class _Slot:
         # and TensorImpl over the same storage, offset, shape and strides, made in C++: about
         # a quarter of what building one with set_() costs); DTensor leaves are wrapped anew.
         self._plain = all(type(t) is torch.Tensor for t in staged.tensors)
+        self.plan_columns: Any = None  # what hostreg's save planner reads of the tensors handed out (_issued.py)
 
     def busy(self) -> bool:
         return any(map(is_not, map(weakref.ref.__call__, self._issued), repeat(None)))
@@ -59,6 +60,7 @@ class _Slot:
         else:
             fresh = leaves_on(self.staged.storages, self.staged.layout)
         self._issued = list(map(weakref.ref, fresh))
+        _issued.note(self.staged.layout.spec, self._issued, self)
         return _tree.unflatten(self.staged.layout.spec, fresh, copy.deepcopy(values))
 
     def close(self) -> None:

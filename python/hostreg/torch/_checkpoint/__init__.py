@@ -11,7 +11,8 @@ checkpoints the same way into the destination tensors.
 The package in files: ``files.py`` (opening files for O_DIRECT, the transfer statistics),
 ``parts.py`` (a file laid out in parts, each written by the C core while the next is laid
 out), ``container.py`` / ``container_read.py`` (one tensor's ``torch.save`` container), ``writer.py`` (:class:`FileSystemWriter`), ``reader.py`` (:class:`FileSystemReader`);
-planning once per structure: ``planner.py`` (:class:`SavePlanner`), ``fixed.py`` (a file's
+planning once per structure: ``planner.py`` (:class:`SavePlanner`), ``load_planner.py``
+(:class:`LoadPlanner`: whole tensors' read items made directly), ``fixed.py`` (a file's
 tensor containers laid out once), ``metadata_file.py`` (``.metadata`` pickled once),
 ``keyed.py`` (what is made once travels between ranks as a token and its bytes).
 """
@@ -22,6 +23,7 @@ from . import fixed as _fixed
 from . import keyed as _keyed
 from . import metadata_file as _metadata_file
 from . import planner as _planner
+from .load_planner import LoadPlanner
 from .planner import SavePlanner
 from .reader import FileSystemReader
 from .writer import FileSystemWriter
@@ -37,4 +39,4 @@ def clear_plan_cache() -> None:
     _keyed.clear()
 
 
-__all__ = ["FileSystemReader", "FileSystemWriter", "SavePlanner", "clear_plan_cache"]
+__all__ = ["FileSystemReader", "FileSystemWriter", "LoadPlanner", "SavePlanner", "clear_plan_cache"]

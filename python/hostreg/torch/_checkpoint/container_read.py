@@ -5,6 +5,7 @@ tensor; anything but a dense CPU tensor of a known dtype is refused (None)."""
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import pickle
 import struct
@@ -14,7 +15,20 @@ from typing import Any
 import torch
 
 from .._layout import contiguous_strides
-from .container import _BIG, _CENTRAL, _DTYPE_OF, _END, _END64, _LOCAL, _LOCATOR
+from .container import (
+    _BIG,
+    _CENTRAL,
+    _DATA_NAME,
+    _DESC,
+    _DESC64,
+    _DTYPE_OF,
+    _END,
+    _END64,
+    _LOCAL,
+    _LOCATOR,
+    _records_before_data,
+    tensor_pickle,
+)
 
 
 @dataclass
@@ -101,6 +115,47 @@ def local_data_offset(head: bytes | bytearray, at: int) -> int | None:
     return at + _LOCAL.size + f[9] + f[10]
 
 
+@functools.lru_cache(maxsize=1024)
+def _decode(pkl: bytes) -> Any:
+    """A ``data.pkl``'s (storage, offset, shape, stride, plain) or None (cached: the tensors of
+    one dtype and shape share one pickle)."""
+    try:
+        return _MetaUnpickler(io.BytesIO(pkl)).load()
+    except Exception:
+        return None
+
+
+def written_by_hostreg(
+    buf: bytearray, at: int, length: int, dtype: torch.dtype, shape: tuple[int, ...]
+) -> Stored | None:
+    """The tensor of the container at ``buf[at:at + length]`` (all of it read) when it is laid
+    out as hostreg's writer lays out a contiguous ``dtype`` tensor of ``shape`` (``container.py``):
+    its records before the data byte for byte, then the data record's local header, then
+    after the data its descriptor with the data's size; else None (then :func:`parse` it).
+    Byte comparisons instead of a parse: about 1 us a container."""
+    if dtype not in _DTYPE_OF.values():
+        return None
+    before = _records_before_data(tensor_pickle(dtype, shape))[0]
+    lh = at + len(before)
+    if lh + _LOCAL.size > at + length or buf[at:lh] != before or buf[lh : lh + 4] != b"PK\x03\x04":
+        return None
+    f = _LOCAL.unpack_from(buf, lh)
+    name_at = lh + _LOCAL.size
+    if buf[name_at : name_at + f[9]] != _DATA_NAME:
+        return None
+    data = name_at + f[9] + f[10]
+    nbytes = dtype.itemsize
+    for n in shape:
+        nbytes *= n
+    desc = data + nbytes
+    if desc + _DESC.size > at + length or buf[desc : desc + 4] != b"PK\x07\x08":
+        return None
+    sizes = _DESC64.unpack_from(buf, desc)[2:] if nbytes >= _BIG else _DESC.unpack_from(buf, desc)[2:]
+    if sizes != (nbytes, nbytes):
+        return None
+    return Stored(data - at, dtype, shape, 0)
+
+
 def parse(head: bytes | bytearray, tail: bytes | bytearray, length: int) -> Stored | None:
     """The tensor of a container from its first and last bytes (``length`` in all), or None
     when they do not suffice or it is not a plain contiguous tensor (then torch.load it)."""
@@ -118,10 +173,7 @@ def parse(head: bytes | bytearray, tail: bytes | bytearray, length: int) -> Stor
     data = local_data_offset(head, data_lh)
     if start is None or data is None or start + pkl_size > len(head):
         return None
-    try:
-        got = _MetaUnpickler(io.BytesIO(head[start : start + pkl_size])).load()
-    except Exception:
-        return None
+    got = _decode(bytes(head[start : start + pkl_size]))
     if not (isinstance(got, tuple) and len(got) == 5 and isinstance(got[0], tuple) and got[4]):
         return None  # not a plain tensor (its metadata, e.g. a conjugate bit, says more): torch.load it
     (_, dtype, _, _, numel), offset, shape, stride, _ = got

@@ -40,7 +40,8 @@ from torch.distributed.checkpoint._traverse import get_element
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
-from .. import _tree
+from .. import _issued, _tree
+from .._collector import collector_paused
 from .._dtensor import dtensor_type, placement_of
 from .._layout import device_of, dtype_of
 from . import keyed
@@ -80,6 +81,13 @@ def _keyed(plan: SavePlan) -> KeyedSavePlan:
 def _columns(tensors: list[torch.Tensor]) -> tuple | None:
     """What a plan depends on per tensor (the module docstring's list), one list per property;
     None when a tensor is of a kind the key cannot describe."""
+    try:
+        return _read_columns(tensors)
+    except (RuntimeError, NotImplementedError):  # no strides (sparse, mkldnn, nested): not described
+        return None
+
+
+def _read_columns(tensors: list[torch.Tensor]) -> tuple | None:
     plain = torch.Tensor
     types = set(map(type, tensors))
     dt = dtensor_type()
@@ -112,7 +120,13 @@ def _probe(state_dict: Any) -> tuple[tuple, list[torch.Tensor], list[Any]] | Non
     for v in values:
         if isinstance(v, Mapping) or hasattr(v, "__create_write_items__"):
             return None
-    cols = _columns(tensors)
+    slot = _issued.owner_of(spec, tensors)  # a Stager's: the properties are its slot's (_issued.py)
+    if slot is not None:
+        if slot.plan_columns is None:
+            slot.plan_columns = _columns(tensors)
+        cols = slot.plan_columns
+    else:
+        cols = _columns(tensors)
     if cols is None:
         return None
     return (spec, cols), tensors, values
@@ -318,7 +332,8 @@ class SavePlanner(DefaultSavePlanner):
         if self._entry is not None:
             self.plan = self._entry.plan
             return self.plan
-        plan = super().create_local_plan()
+        with collector_paused():  # DCP's plan: several objects per item; no full collection over them meanwhile
+            plan = super().create_local_plan()
         if self._probe is not None:
             key, cols, tensors, values = self._probe
             self._probe = None
@@ -338,12 +353,14 @@ class SavePlanner(DefaultSavePlanner):
             if got is not None and got.fits(all_plans):
                 self.global_plan, self.metadata = got.plans, got.metadata
                 return got.plans, got.metadata
-            plans, metadata = super().create_global_plan(all_plans)
+            with collector_paused():
+                plans, metadata = super().create_global_plan(all_plans)
             plans = [_keyed(p) for p in plans]
             _remember(_globals, key, _Global(list(all_plans), plans, metadata))
             self.global_plan = plans
             return plans, metadata
-        return super().create_global_plan(all_plans)
+        with collector_paused():
+            return super().create_global_plan(all_plans)
 
     def resolve_all(self, plan: SavePlan) -> list[Any] | None:
         """Every item's data as :meth:`resolve_data` gives it, in ``plan``'s order, without a

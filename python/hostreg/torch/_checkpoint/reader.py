@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import ctypes
 import dataclasses
 import io
 import os
@@ -14,6 +15,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from ... import _hostreg
+from .._collector import collector_paused
 from . import container_read as _container
 from .files import BLOCK, IoStats, _address, _open, _raise_io
 
@@ -45,17 +47,23 @@ class FileSystemReader(_StockReader):
         self.stats = IoStats()
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        with collector_paused():
+            return self._read_data(plan, planner)
+
+    def _read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         self.stats = IoStats()
-        per_file: dict[str, list[Any]] = {}
+        per_file: dict[str, tuple[list[Any], list[Any]]] = {}  # relative path -> (reads, their items' _StorageInfo)
         slow: list[Any] = []
         for req in plan.items:
             info = self.storage_data[req.storage_index]
             if getattr(info, "transform_descriptors", None):
                 slow.append(req)
             else:
-                per_file.setdefault(info.relative_path, []).append(req)
-        for rel, reqs in per_file.items():
-            slow += self._read_file(os.path.join(os.fspath(self.path), rel), reqs, planner)
+                reqs, infos = per_file.setdefault(info.relative_path, ([], []))
+                reqs.append(req)
+                infos.append(info)
+        for rel, (reqs, infos) in per_file.items():
+            slow += self._read_file(os.path.join(os.fspath(self.path), rel), reqs, infos, planner)
         if slow:
             super().read_data(dataclasses.replace(plan, items=slow), planner).wait()
         fut: Future[None] = Future()
@@ -72,34 +80,67 @@ class FileSystemReader(_StockReader):
             _raise_io("cannot read the checkpoint file")
         self.stats.add(got)
 
-    def _read_file(self, path: str, reqs: list[Any], planner: LoadPlanner) -> list[Any]:
-        """Serves ``reqs`` from one file; returns those left to DCP's reader."""
+    def _read_file(self, path: str, reqs: list[Any], infos: list[Any], planner: LoadPlanner) -> list[Any]:
+        """Serves ``reqs`` (``infos``: where each one's item lies) from one file; returns those
+        left to DCP's reader."""
         fd = _open(path, os.O_RDONLY, self.direct_io)
         try:
-            return self._serve(fd, reqs, planner)
+            return self._serve(fd, reqs, infos, planner)
         finally:
             os.close(fd)
 
-    def _serve(self, fd: int, reqs: list[Any], planner: LoadPlanner) -> list[Any]:
-        # Pass 1: every byte item whole, and each tensor container's first and last bytes.
-        items: dict[Any, Any] = {}
-        byte_items: set[Any] = set()
-        for req in reqs:
-            items.setdefault(req.storage_index, self.storage_data[req.storage_index])
-            if req.type == LoadItemType.BYTE_IO:
-                byte_items.add(req.storage_index)
-        windows: dict[Any, tuple[bytearray, bytearray]] = {}  # (first bytes, last bytes): one buffer when whole
-        segs = []
-        for idx, info in items.items():
-            whole = idx in byte_items or info.length <= WHOLE
-            if whole:
-                buf = bytearray(info.length)
-                windows[idx] = (buf, buf)
-                if info.length:
-                    segs.append((info.offset, info.length, _address(buf)))
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        # DCP's own (the stock reader's); its unpickling makes about 15 objects per item, which
+        # set off full collections over them all (half its time for 65,536 items): paused.
+        with collector_paused():
+            return super().read_metadata(*args, **kwargs)
+
+    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._metadata = metadata  # each stored chunk's dtype and shape (the fast check of a container)
+
+    def _stored_as(self, index: Any) -> tuple[torch.dtype, tuple[int, ...]] | None:
+        """The dtype and shape the metadata gives the stored chunk ``index``, or None."""
+        tmd = getattr(getattr(self, "_metadata", None), "state_dict_metadata", {}).get(index.fqn)
+        chunks = getattr(tmd, "chunks", None)
+        if not chunks:
+            return None
+        i = index.index
+        if i is None or i >= len(chunks) or (index.offset is not None and chunks[i].offsets != index.offset):
+            if len(chunks) == 1 and index.offset is None:
+                return tmd.properties.dtype, tuple(chunks[0].sizes)  # type: ignore[union-attr]
+            i = next((j for j, c in enumerate(chunks) if c.offsets == index.offset), None)
+            if i is None:
+                return None
+        return tmd.properties.dtype, tuple(chunks[i].sizes)  # type: ignore[union-attr]
+
+    def _serve(self, fd: int, reqs: list[Any], infos: list[Any], planner: LoadPlanner) -> list[Any]:
+        # Pass 1: every byte item and small container whole (packed into one buffer), and each
+        # larger tensor container's first and last bytes. Containers are told apart by their
+        # _StorageInfo object (one per stored item: an int to hash, not a MetadataIndex).
+        whole_at: dict[int, int] = {}  # id(info) -> offset of its container in `whole`
+        windows: dict[int, tuple[Any, Any]] = {}  # larger containers: (first bytes, last bytes)
+        packed = 0
+        byte_io = LoadItemType.BYTE_IO
+        for req, info in zip(reqs, infos):
+            k = id(info)
+            if k in whole_at or k in windows:
+                continue
+            if req.type == byte_io or info.length <= WHOLE:
+                whole_at[k] = packed
+                packed += info.length
             else:
-                head, tail = bytearray(HEAD), bytearray(TAIL)
-                windows[idx] = (head, tail)
+                windows[k] = (bytearray(HEAD), bytearray(TAIL))
+        whole = bytearray(packed)
+        base = _address(whole)
+        segs = []
+        for info in {id(i): i for i in infos}.values():
+            at = whole_at.get(id(info))
+            if at is not None:
+                if info.length:
+                    segs.append((info.offset, info.length, base + at))
+            else:
+                head, tail = windows[id(info)]
                 segs.append((info.offset, HEAD, _address(head)))
                 segs.append((info.offset + info.length - TAIL, TAIL, _address(tail)))
         self._transfer(fd, segs)
@@ -110,17 +151,25 @@ class FileSystemReader(_StockReader):
         done: list[
             tuple[Any, torch.Tensor, torch.Tensor | None]
         ] = []  # (req, destination, staged view to copy or None)
-        for req in reqs:
-            info = items[req.storage_index]
-            head, tail = windows[req.storage_index]
-            if req.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(req, io.BytesIO(bytes(head)))
+        for req, info in zip(reqs, infos):
+            at = whole_at.get(id(info))
+            if req.type == byte_io:
+                planner.load_bytes(req, io.BytesIO(bytes(whole[at : at + info.length])))
                 continue
-            st = _container.parse(head, tail, info.length)
+            st = None
+            if at is not None:
+                known = self._stored_as(req.storage_index)
+                if known is not None:
+                    st = _container.written_by_hostreg(whole, at, info.length, *known)
+                if st is None:
+                    raw = bytes(whole[at : at + info.length])
+                    st = _container.parse(raw, raw, info.length)
+            else:
+                st = _container.parse(*windows[id(info)], info.length)
             if st is None:
                 slow.append(req)
                 continue
-            done.append(self._place(info, st, req, planner, segs, head if head is tail else None))
+            done.append(self._place(info, st, req, planner, segs, None if at is None else (whole, at)))
         if segs:
             self._transfer(fd, segs)
         accel = False
@@ -134,12 +183,13 @@ class FileSystemReader(_StockReader):
         return slow
 
     def _place(
-        self, info: Any, st: Any, req: Any, planner: LoadPlanner, segs: list, whole: bytearray | None
+        self, info: Any, st: Any, req: Any, planner: LoadPlanner, segs: list, whole: tuple[bytearray, int] | None
     ) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
         """Plans where the bytes of read item ``req`` go (appended to ``segs``): straight into its
         destination when that is one byte range of the stored tensor and a contiguous CPU tensor
         of its dtype; else the covering rows into a staging buffer. A container already read
-        ``whole`` (its bytes from its first one) is copied from there instead. Returns (req,
+        ``whole`` (a buffer and the container's offset in it) is copied from there instead:
+        at once into such a destination, else later from a view of it. Returns (req,
         destination, the view to copy into it after the read, or None)."""
         itemsize = st.dtype.itemsize
         shape = st.shape
@@ -159,19 +209,24 @@ class FileSystemReader(_StockReader):
         if tuple(target.shape) != (lens if shape else ()):
             raise AssertionError(f"req {req.storage_index} mismatch sizes {tuple(target.shape)} vs {lens}")
         off = base + first * row
-        if whole is not None:
-            at = off - info.offset
-            if nbytes == 0:
-                return req, target, None
-            buf = torch.frombuffer(whole, dtype=torch.uint8, count=nbytes, offset=at)
-            return req, target, self._rows(buf, st, rows, offs, lens)
-        if (
+        direct = (
             inner_full
             and target.device.type == "cpu"
             and target.dtype == st.dtype
             and target.is_contiguous()
             and not (target.is_conj() or target.is_neg())
-        ):
+        )
+        if whole is not None:
+            buf, at = whole
+            at += off - info.offset
+            if nbytes == 0:
+                return req, target, None
+            if direct:
+                ctypes.memmove(target.data_ptr(), _address(buf) + at, nbytes)
+                return req, target, None
+            view = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=at)
+            return req, target, self._rows(view, st, rows, offs, lens)
+        if direct:
             if nbytes:
                 segs.append((base + first * row, nbytes, target.data_ptr()))
             return req, target, None
