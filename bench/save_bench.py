@@ -20,7 +20,7 @@ Per state dict, in one run:
             async_stager=hostreg.torch.Stager(async_staging=True)), thread checkpointer, timed
             from the call until upload_completion.result() returns ("done"; "staged" until
             staging_completion), for W = DCP's FileSystemWriter(thread_count=1) (its default),
-            (thread_count=2), and hostreg's FileSystemWriter (default thread_count=4; 1, 2, 8
+            (thread_count=2), and hostreg's FileSystemWriter (default: thread_count per disk; 1, 2, 4, 8
             as extra rows), and a StorageWriter that stores nothing: DCP's own work (planning,
             staging, resolve_data, the metadata pickled), the floor under every save; "storage s"
             is a writer's done time above that floor. One Stager per state dict for every

@@ -59,7 +59,7 @@ class NoStorage(StorageWriter):
 FLOOR = "DCP's own work, nothing stored"
 DCP1 = "DCP writer tc=1 (default)"
 DCP2 = "DCP writer tc=2"
-HR = "hostreg writer tc=4 (default)"
+HR = "hostreg writer (default: tc per disk)"
 WRITERS: list[tuple[str, Callable[[str], Any]]] = [
     (FLOOR, NoStorage),
     (DCP1, lambda d: dcp.FileSystemWriter(d, thread_count=1)),
@@ -67,6 +67,7 @@ WRITERS: list[tuple[str, Callable[[str], Any]]] = [
     (HR, lambda d: ht.FileSystemWriter(d)),
     ("hostreg writer tc=1", lambda d: ht.FileSystemWriter(d, thread_count=1)),
     ("hostreg writer tc=2", lambda d: ht.FileSystemWriter(d, thread_count=2)),
+    ("hostreg writer tc=4", lambda d: ht.FileSystemWriter(d, thread_count=4)),
     ("hostreg writer tc=8", lambda d: ht.FileSystemWriter(d, thread_count=8)),
 ]
 LOAD_FROM = {HR: "hostreg's", DCP1: "DCP tc=1's"}  # checkpoints that are also loaded, and their short names

@@ -572,3 +572,28 @@ def test_thread_count_must_be_a_positive_int(tmp_path: Path, bad):
         ht.FileSystemWriter(tmp_path / "w", thread_count=bad)
     with pytest.raises(ValueError, match="thread_count"):
         ht.FileSystemReader(tmp_path, thread_count=bad)
+
+
+def test_the_default_thread_count_is_chosen_per_disk(tmp_path: Path, monkeypatch):
+    from hostreg.torch._checkpoint import files
+
+    dev = os.stat(tmp_path).st_dev
+    monkeypatch.setattr(files, "_threads_of", {})
+    want = files.SOLID_THREADS
+    for q in (
+        f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/queue/rotational",
+        f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/../queue/rotational",
+    ):
+        if os.path.exists(q):
+            want = files.SPINNING_THREADS if Path(q).read_text().strip() == "1" else files.SOLID_THREADS
+            break
+    assert files.threads_for(str(tmp_path), None) == want
+    assert files.threads_for(str(tmp_path), 3) == 3
+    monkeypatch.setattr(files, "_threads_of", {dev: files.SPINNING_THREADS})  # as a rotational disk would have it
+    w = ht.FileSystemWriter(tmp_path / "w")
+    assert w.thread_count is None
+    sd = {"t": torch.arange(1 << 20, dtype=torch.float32)}
+    dcp.save(sd, storage_writer=w)
+    got = {"t": torch.zeros(1 << 20)}
+    dcp.load(got, storage_reader=ht.FileSystemReader(tmp_path / "w"))
+    assert torch.equal(got["t"], sd["t"])

@@ -335,3 +335,43 @@ def test_staged_state_dicts_after_another_structure_load_what_was_staged(tmp_pat
             dcp.save(staged, storage_writer=ht.FileSystemWriter(tmp_path / name), planner=ht.SavePlanner())
             del staged
             assert_loads(tmp_path / name, sd)
+
+
+def _fsdp_ranks(rank: int, world: int, path: str) -> None:
+    from ranks import app_state, build, differences, full_values, train_step
+    from torch.distributed.checkpoint import state_dict_saver
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    wants = []
+    stager = ht.Stager(async_staging=True)
+    for step, (kind, checkpointer) in enumerate(
+        (("fsdp", "THREAD"), ("fsdp", "PROCESS"), ("fsdp", "THREAD"), ("tp", "THREAD"))
+    ):
+        model, opt = build(kind, seed=step, mesh=mesh)  # the last: another sharding, the same planner caches
+        train_step(model, opt, step)
+        sd = app_state(model, opt)
+        wants.append(full_values(sd))
+        res = dcp.async_save(
+            sd,
+            storage_writer=ht.FileSystemWriter(f"{path}/s{step}"),
+            async_stager=stager,
+            planner=ht.SavePlanner(),
+            async_checkpointer_type=getattr(state_dict_saver.AsyncCheckpointerType, checkpointer),
+        )
+        res.upload_completion.result(timeout=120)
+    stager.close()
+    for step, want in enumerate(wants):
+        for reader in (ht.FileSystemReader(f"{path}/s{step}"), dcp.FileSystemReader(f"{path}/s{step}")):
+            model2, opt2 = build("tp" if step % 2 == 0 else "fsdp", seed=99, mesh=mesh)  # resharded on load
+            train_step(model2, opt2, 0)
+            sd2 = app_state(model2, opt2)
+            dcp.load(sd2, storage_reader=reader, planner=ht.LoadPlanner())
+            set_state_dict(model2, opt2, model_state_dict=sd2["model"], optim_state_dict=sd2["optim"])
+            bad = differences(full_values(app_state(model2, opt2)), want)
+            assert not bad, f"save {step}, {type(reader).__module__}: " + "; ".join(bad[:5])
+
+
+def test_fsdp2_saves_with_the_planner_and_reshard_on_load_over_two_ranks(tmp_path: Path):
+    run_ranks(_fsdp_ranks, (str(tmp_path),), world=2, timeout=300)

@@ -72,6 +72,50 @@ def _open_to_replace(path: str, direct: bool) -> int:
     return _open(path, os.O_WRONLY | os.O_CREAT, direct)
 
 
+# ---- Threads ---------------------------------------------------------------------------------
+
+SOLID_THREADS = 8  # requests in flight on a solid-state or virtual disk
+SPINNING_THREADS = 2  # on a rotational one (seeks between requests cost more than queueing gains)
+_threads_of: dict[int, int] = {}
+
+
+def check_threads(thread_count: object) -> None:
+    """ValueError unless ``thread_count`` is None (chosen per disk) or an int >= 1."""
+    if thread_count is None:
+        return
+    if isinstance(thread_count, bool) or not isinstance(thread_count, int) or thread_count < 1:
+        raise ValueError(f"thread_count must be an int >= 1 or None (chosen per disk), got {thread_count!r}")
+
+
+def threads_for(directory: str, thread_count: int | None) -> int:
+    """``thread_count``, or where it is None the default for the disk under ``directory``:
+    :data:`SPINNING_THREADS` where the kernel says the block device is rotational
+    (``/sys/dev/block/MAJ:MIN/queue/rotational``, of the partition's disk for a partition),
+    else :data:`SOLID_THREADS` (also for filesystems with no block device: tmpfs, overlay,
+    network). Measured on this project's test VM (docs/checkpoint.md): with 4 threads a save of
+    a few large tensors took 1.6-2x the disk's ``O_DIRECT`` ceiling, with 8 threads 1.09x; many
+    small tensors took the same time with 2, 4 or 8."""
+    if thread_count is not None:
+        return thread_count
+    try:
+        dev = os.stat(directory).st_dev
+    except OSError:
+        return SOLID_THREADS
+    got = _threads_of.get(dev)
+    if got is None:
+        got = SOLID_THREADS
+        base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+        for q in (f"{base}/queue/rotational", f"{base}/../queue/rotational"):
+            try:
+                with open(q) as f:
+                    got = SPINNING_THREADS if f.read().strip() == "1" else SOLID_THREADS
+                break
+            except OSError:
+                continue
+        _threads_of[dev] = got
+    return got
+
+
 def _fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

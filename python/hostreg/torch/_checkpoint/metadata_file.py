@@ -62,23 +62,38 @@ def _fast(obj: Any) -> bytes:
     return buf.getvalue()[2:-1]
 
 
+def _shape(metadata: Metadata) -> dict[str, Any]:
+    """The fields a prefix holds: all but ``storage_data`` and ``storage_meta``."""
+    return {k: v for k, v in vars(metadata).items() if k not in ("storage_data", "storage_meta")}
+
+
 class _Prefix:
-    __slots__ = ("metadata", "fixed", "storage_data", "prefix")
+    __slots__ = ("fields", "fixed", "storage_data", "prefix")
 
-    def __init__(self, metadata: Metadata, fixed: list[list], storage_data: dict, prefix: bytes) -> None:
-        self.metadata, self.fixed, self.storage_data, self.prefix = metadata, fixed, storage_data, prefix
+    def __init__(self, fields: dict[str, Any], fixed: list[list], storage_data: dict, prefix: bytes) -> None:
+        self.fields, self.fixed, self.storage_data, self.prefix = fields, fixed, storage_data, prefix
+
+    def fits(self, fields: dict[str, Any], fixed: list) -> bool:
+        """Made of these very fields (the planner's remembered objects: compared by identity;
+        strings by value) and fixed parts?"""
+        return (
+            fields.keys() == self.fields.keys()
+            and all(v is self.fields[k] or (type(v) is str and v == self.fields[k]) for k, v in fields.items())
+            and len(fixed) == len(self.fixed)
+            and all(a is b for a, b in zip(fixed, self.fixed))
+        )
 
 
-def _make_prefix(metadata: Metadata, fixed: list[list]) -> _Prefix:
+def _make_prefix(fields: dict[str, Any], fixed: list[list]) -> _Prefix:
     storage_data = {wr.index: wr.storage_data for wrs in fixed for wr in wrs}
-    state = {k: v for k, v in vars(metadata).items() if k not in ("storage_data", "storage_meta")}
+    state = dict(fields)
     state["storage_data"] = storage_data
     pre = Metadata.__new__(Metadata)
     pre.__dict__.update(state)
     raw = pickle.dumps(pre, protocol=3)
     if len(state) < 2 or not raw.endswith(_CUT):
         raise AssertionError("unexpected pickle of Metadata")  # the state is a dict of 2+ items
-    return _Prefix(metadata, fixed, storage_data, raw[: -len(_CUT)])
+    return _Prefix(fields, fixed, storage_data, raw[: -len(_CUT)])
 
 
 _KEEP = 2
@@ -94,11 +109,12 @@ def metadata_bytes(metadata: Metadata, results: list[list]) -> bytes:
     if any(f is None for f in fixed):
         metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
         return pickle.dumps(metadata, protocol=3)
-    key = (id(metadata), *map(id, fixed))
+    fields = _shape(metadata)
+    key = (*map(id, fields.values()), *map(id, fixed))
     with _lock:
         got = _prefixes.get(key)
-    if got is None or got.metadata is not metadata or not all(a is b for a, b in zip(got.fixed, fixed)):
-        got = _make_prefix(metadata, fixed)  # type: ignore[arg-type]
+    if got is None or not got.fits(fields, fixed):
+        got = _make_prefix(fields, fixed)  # type: ignore[arg-type]
         with _lock:
             _prefixes[key] = got
             _prefixes.move_to_end(key)

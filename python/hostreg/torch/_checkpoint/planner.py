@@ -351,8 +351,10 @@ class SavePlanner(DefaultSavePlanner):
             with _lock:
                 got = _globals.get(key)
             if got is not None and got.fits(all_plans):
-                self.global_plan, self.metadata = got.plans, got.metadata
-                return got.plans, got.metadata
+                # A Metadata of its own (its large fields shared): the writer sets this save's
+                # storage_data and storage_meta on it, and dcp.save returns it.
+                self.global_plan, self.metadata = got.plans, dataclasses.replace(got.metadata)
+                return got.plans, self.metadata
             with collector_paused():
                 plans, metadata = super().create_global_plan(all_plans)
             plans = [_keyed(p) for p in plans]

@@ -17,7 +17,7 @@ from torch.futures import Future
 from ... import _hostreg
 from .._collector import collector_paused
 from . import container_read as _container
-from .files import BLOCK, IoStats, _address, _open, _raise_io
+from .files import BLOCK, IoStats, _address, _open, _raise_io, check_threads, threads_for
 
 HEAD = 4096  # bytes read from a container's start: its pickle and headers
 TAIL = 4096  # and from its end: the central directory
@@ -29,7 +29,7 @@ class FileSystemReader(_StockReader):
 
     ``dcp.load(sd, storage_reader=FileSystemReader(path))``. Each file is read with
     ``O_DIRECT`` (where the filesystem allows) by ``thread_count`` threads of the C core
-    (``hostregFileRead``): first the containers' headers, then every tensor's bytes, straight
+    (``hostregFileRead``; None, the default, chooses per disk as the writer does): first the containers' headers, then every tensor's bytes, straight
     into a contiguous CPU destination of the same dtype (the only copy is from a bounce
     buffer where file and memory alignment differ), or into one staging buffer and from there
     into the destination (non-blocking for accelerator destinations, from page-locked memory
@@ -38,10 +38,9 @@ class FileSystemReader(_StockReader):
     tensor's, go to DCP's own reader. A truncated or unreadable file raises ``OSError``.
     """
 
-    def __init__(self, path: str | os.PathLike, thread_count: int = 4, *, direct_io: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, thread_count: int | None = None, *, direct_io: bool = True) -> None:
         super().__init__(path)
-        if isinstance(thread_count, bool) or not isinstance(thread_count, int) or thread_count < 1:
-            raise ValueError(f"thread_count must be an int >= 1, got {thread_count!r}")
+        check_threads(thread_count)
         self.thread_count = thread_count
         self.direct_io = direct_io
         self.stats = IoStats()
@@ -75,7 +74,9 @@ class FileSystemReader(_StockReader):
         seg = array.array("Q")
         for s in segments:
             seg.extend(s)
-        got = _hostreg.file_read(fd, seg.buffer_info()[0], len(segments), self.thread_count)
+        got = _hostreg.file_read(
+            fd, seg.buffer_info()[0], len(segments), threads_for(os.fspath(self.path), self.thread_count)
+        )
         if got[0] != 0:
             _raise_io("cannot read the checkpoint file")
         self.stats.add(got)

@@ -18,7 +18,18 @@ from torch.futures import Future
 from ... import _hostreg
 from . import container as _container
 from . import fixed as _fixed
-from .files import _DCP_VERSION, BLOCK, METADATA, MIN_DIRECT, SUFFIX, IoStats, _fsync_dir, _open_to_replace
+from .files import (
+    _DCP_VERSION,
+    BLOCK,
+    METADATA,
+    MIN_DIRECT,
+    SUFFIX,
+    IoStats,
+    _fsync_dir,
+    _open_to_replace,
+    check_threads,
+    threads_for,
+)
 from .metadata_file import Results, metadata_bytes
 from .parts import _FileLayout, _PartWriter
 
@@ -36,7 +47,8 @@ class FileSystemWriter(StorageWriter):
         sync_files: make the data durable before ``.metadata`` is written (``fdatasync`` of
             every file and ``fsync`` of the directory), and ``.metadata`` durable too
             (temporary name, ``fsync``, ``rename``, ``fsync`` of the directory).
-        thread_count: requests in flight per file (threads of the C core), >= 1.
+        thread_count: requests in flight per file (threads of the C core), >= 1; None (the
+            default) chooses per disk: 8, or 2 on a rotational disk (``files.threads_for``).
         overwrite: allow a directory that holds a checkpoint; its ``.metadata`` is removed
             before any data is written, so a save that dies half-way leaves a directory that
             does not load. ``False`` raises ``RuntimeError`` as DCP's writer does.
@@ -57,14 +69,13 @@ class FileSystemWriter(StorageWriter):
         path: str | os.PathLike,
         single_file_per_rank: bool = True,
         sync_files: bool = True,
-        thread_count: int = 4,
+        thread_count: int | None = None,
         overwrite: bool = True,
         *,
         direct_io: bool = True,
     ) -> None:
         super().__init__()
-        if isinstance(thread_count, bool) or not isinstance(thread_count, int) or thread_count < 1:
-            raise ValueError(f"thread_count must be an int >= 1, got {thread_count!r}")
+        check_threads(thread_count)
         self.path = os.fspath(path)
         self.single_file_per_rank = single_file_per_rank
         self.sync_files = sync_files
@@ -215,7 +226,7 @@ class FileSystemWriter(StorageWriter):
         the fixed part ``first`` where one is given."""
         path = os.path.join(self.path, name)
         fd = _open_to_replace(path, self.direct_io)
-        parts = _PartWriter(fd, self.thread_count, self.stats)
+        parts = _PartWriter(fd, threads_for(self.path, self.thread_count), self.stats)
         last = _hostreg.IO_SYNC if self.sync_files else 0
         try:
             results: list[WriteResult] = []
