@@ -257,7 +257,7 @@ def test_metadata_from_a_prefix_is_what_pickle_gives(tmp_path: Path):
     assert metadata_bytes  # the module under test
 
 
-def _two_ranks(rank: int, world: int, root: str) -> dict:
+def _ranks_alone_then_together(rank: int, world: int, root: str) -> dict:
     import torch.distributed as dist
 
     sds = []
@@ -285,8 +285,9 @@ def _two_ranks(rank: int, world: int, root: str) -> dict:
     return {"ok": out, "received": len(_keyed._received)}
 
 
-def test_two_ranks_alone_then_together_then_one_changes(tmp_path: Path):
-    got = run_ranks(_two_ranks, (str(tmp_path),))
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_alone_then_together_then_one_changes(tmp_path: Path, world: int):
+    got = run_ranks(_ranks_alone_then_together, (str(tmp_path),), world=world)
     for rank, res in got.items():
         assert all(res["ok"]), (rank, res)
     assert got[0]["received"] > 0  # the coordinator rebuilt rank 1's plans from tokens
@@ -373,5 +374,5 @@ def _fsdp_ranks(rank: int, world: int, path: str) -> None:
             assert not bad, f"save {step}, {type(reader).__module__}: " + "; ".join(bad[:5])
 
 
-def test_fsdp2_saves_with_the_planner_and_reshard_on_load_over_two_ranks(tmp_path: Path):
+def test_fsdp2_saves_with_the_planner_and_reshard_on_load_over_ranks_alone_then_together(tmp_path: Path):
     run_ranks(_fsdp_ranks, (str(tmp_path),), world=2, timeout=300)
