@@ -69,9 +69,11 @@ def flat(sd, prefix: str = "") -> dict:
 def assert_loads(path: Path, sd: dict) -> None:
     """Every reader gives back exactly ``sd``."""
     want = flat(sd)
-    for reader in ("stock", "hostreg"):
+    for reader in ("stock", "hostreg", "hostreg+planner"):
         dest = like(sd)
-        kw = {"checkpoint_id": path} if reader == "stock" else {"storage_reader": ht.FileSystemReader(path)}
+        kw: dict = {"checkpoint_id": path} if reader == "stock" else {"storage_reader": ht.FileSystemReader(path)}
+        if reader == "hostreg+planner":
+            kw["planner"] = ht.LoadPlanner()
         dcp.load(dest, **kw)
         got = flat(dest)
         assert got.keys() == want.keys(), reader

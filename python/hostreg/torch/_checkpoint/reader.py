@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader as _StockReader
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
@@ -152,7 +153,10 @@ class FileSystemReader(_StockReader):
         done: list[
             tuple[Any, torch.Tensor, torch.Tensor | None]
         ] = []  # (req, destination, staged view to copy or None)
-        for req, info in zip(reqs, infos):
+        bulk = getattr(planner, "destinations", None)  # hostreg's LoadPlanner: whole tensors' destinations at once
+        dests = bulk(reqs) if bulk is not None else None
+        commit = type(planner).commit_tensor is not DefaultLoadPlanner.commit_tensor  # DCP's does nothing
+        for i, (req, info) in enumerate(zip(reqs, infos)):
             at = whole_at.get(id(info))
             if req.type == byte_io:
                 planner.load_bytes(req, io.BytesIO(bytes(whole[at : at + info.length])))
@@ -170,6 +174,10 @@ class FileSystemReader(_StockReader):
             if st is None:
                 slow.append(req)
                 continue
+            if dests is not None and at is not None and self._copy_whole(req, st, dests[i], base + at):
+                if commit:
+                    planner.commit_tensor(req, dests[i])
+                continue
             done.append(self._place(info, st, req, planner, segs, None if at is None else (whole, at)))
         if segs:
             self._transfer(fd, segs)
@@ -182,6 +190,27 @@ class FileSystemReader(_StockReader):
         if accel and hasattr(torch, "accelerator"):
             torch.accelerator.synchronize()
         return slow
+
+    @staticmethod
+    def _copy_whole(req: Any, st: Any, target: torch.Tensor | None, container: int) -> bool:
+        """Copies stored tensor ``st`` (its container read at address ``container``) into
+        ``target`` with one memmove when ``req`` reads all of it and ``target`` is a contiguous
+        CPU tensor of its dtype and shape; False (nothing done) otherwise."""
+        if (
+            target is None
+            or st.storage_offset
+            or tuple(req.lengths) != st.shape
+            or any(req.storage_offsets)
+            or target.dtype != st.dtype
+            or target.device.type != "cpu"
+            or not target.is_contiguous()
+            or target.is_conj()
+            or target.is_neg()
+        ):
+            return False
+        if target.numel():
+            ctypes.memmove(target.data_ptr(), container + st.data_offset, target.numel() * target.element_size())
+        return True
 
     def _place(
         self, info: Any, st: Any, req: Any, planner: LoadPlanner, segs: list, whole: tuple[bytearray, int] | None
