@@ -29,6 +29,7 @@ from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata
 
+from .._collector import collector_paused
 from . import keyed
 
 _CUT = b"ub."  # SETITEMS, BUILD, STOP: the end of a pickled object whose state is a dict of 2+ items
@@ -90,7 +91,8 @@ def _make_prefix(fields: dict[str, Any], fixed: list[list]) -> _Prefix:
     state["storage_data"] = storage_data
     pre = Metadata.__new__(Metadata)
     pre.__dict__.update(state)
-    raw = pickle.dumps(pre, protocol=3)
+    with collector_paused():  # a reduce tuple per object pickled: no full collections over them meanwhile
+        raw = pickle.dumps(pre, protocol=3)
     if len(state) < 2 or not raw.endswith(_CUT):
         raise AssertionError("unexpected pickle of Metadata")  # the state is a dict of 2+ items
     return _Prefix(fields, fixed, storage_data, raw[: -len(_CUT)])
@@ -108,7 +110,8 @@ def metadata_bytes(metadata: Metadata, results: list[list]) -> bytes:
     fixed = [getattr(r, "fixed", None) for r in results]
     if any(f is None for f in fixed):
         metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
-        return pickle.dumps(metadata, protocol=3)
+        with collector_paused():
+            return pickle.dumps(metadata, protocol=3)
     fields = _shape(metadata)
     key = (*map(id, fields.values()), *map(id, fixed))
     with _lock:

@@ -141,6 +141,9 @@ def _dcp_paths(spec: tuple, prefix: tuple, tensors: list[tuple], values: list[tu
     elif kind == "V":
         values.append(prefix)
     elif kind == "D":
+        if spec[3] is _tree._tensors(len(spec[3])):  # a dict of tensors: no frame per tensor
+            tensors += [(*prefix, str(k)) for k in spec[2]]
+            return
         for k, c in zip(spec[2], spec[3]):
             _dcp_paths(c, (*prefix, str(k)), tensors, values)
     else:
@@ -311,6 +314,12 @@ class SavePlanner(DefaultSavePlanner):
         self._probe: tuple | None = None
 
     def set_up_planner(self, state_dict: Any, storage_meta: Any = None, is_coordinator: bool = False) -> None:
+        # Several objects per item (the probe's columns, DCP's flattening): no full collection
+        # of Python's cyclic collector over them all meanwhile (docs/planning.md).
+        with collector_paused():
+            self._set_up(state_dict, storage_meta, is_coordinator)
+
+    def _set_up(self, state_dict: Any, storage_meta: Any, is_coordinator: bool) -> None:
         self.is_coordinator = is_coordinator
         self._entry, self._leaves, self._probe = None, [], None
         probe = _probe(state_dict) if self.cache_plans else None
@@ -332,8 +341,11 @@ class SavePlanner(DefaultSavePlanner):
         if self._entry is not None:
             self.plan = self._entry.plan
             return self.plan
-        with collector_paused():  # DCP's plan: several objects per item; no full collection over them meanwhile
-            plan = super().create_local_plan()
+        with collector_paused():  # DCP's plan and the entry: several objects per item
+            return self._plan_locally()
+
+    def _plan_locally(self) -> SavePlan:
+        plan = super().create_local_plan()
         if self._probe is not None:
             key, cols, tensors, values = self._probe
             self._probe = None

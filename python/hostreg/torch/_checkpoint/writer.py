@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ... import _hostreg
+from .._collector import collector_paused
 from . import container as _container
 from . import fixed as _fixed
 from .files import (
@@ -211,7 +212,8 @@ class FileSystemWriter(StorageWriter):
         if part is None:
             index = [i for i, (item, d) in enumerate(zip(items, data)) if _fixed.fixable(item, d)]
             sid = f"{int(self.save_id, 16):040d}".encode()
-            part = _fixed.lay_out(name, items, data, index, sid, self._add_tensor)
+            with collector_paused():  # several objects per item
+                part = _fixed.lay_out(name, items, data, index, sid, self._add_tensor)
             ptrs = part.addresses(data)
             part.lock.acquire()
             _fixed.keep(key, part)
