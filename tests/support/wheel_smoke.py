@@ -9,8 +9,10 @@ aarch64 Python under qemu-user). Prints one JSON line; exits 1 at the first fail
 - cudaHostRegister / cudaHostUnregister of an mmap: VmLck (/proc/self/status) rises by the
   size and falls back, a second registration answers cudaErrorHostMemoryAlreadyRegistered;
 - where torch imports: a state dict staged by create_cpu_state_dict + copy_state_dict and by
-  a Stager (equal values, the bytes locked while staged), saved by hostreg's FileSystemWriter
-  with dcp.save and read back by dcp.load with torch's own FileSystemReader, bit-exact;
+  a Stager (equal values, the bytes locked while staged), saved twice (the second reusing the
+  plan and layout) by hostreg's FileSystemWriter and SavePlanner with dcp.save and read back
+  by dcp.load with torch's own FileSystemReader and with hostreg's reader and LoadPlanner,
+  bit-exact;
 - once (torch-first): a DTensor staged by a Stager stays a DTensor, its local tensor pinned.
 """
 
@@ -106,7 +108,11 @@ def main() -> None:
             again_sd = stager.stage(sd)
             check(torch.equal(again_sd["b"], sd["b"]) and again_sd["step"] == 7, "Stager.stage values")
             ckpt = os.path.join(scratch, f"ckpt-{order}")
-            dcp.save(again_sd, storage_writer=ht.FileSystemWriter(ckpt))
+            dcp.save(again_sd, storage_writer=ht.FileSystemWriter(ckpt), planner=ht.SavePlanner())
+            del again_sd
+            sd["w"] += 1  # a second save of the structure: the planner's plan and the writer's layout reused
+            again_sd = stager.stage(sd)
+            dcp.save(again_sd, storage_writer=ht.FileSystemWriter(ckpt), planner=ht.SavePlanner())
             del again_sd
         back = {
             "w": torch.zeros(512, 256),
@@ -120,6 +126,9 @@ def main() -> None:
             and torch.equal(back["nested"]["h"], sd["nested"]["h"]),
             "dcp.load of hostreg's checkpoint, bit-exact",
         )
+        back["w"].zero_()
+        dcp.load(back, storage_reader=ht.FileSystemReader(ckpt), planner=ht.LoadPlanner())
+        check(torch.equal(back["w"], sd["w"]), "hostreg's reader and LoadPlanner, bit-exact")
         del staged
         out["staged_and_saved"] = True
         if order == "torch-first":  # once a wheel: DTensor's module differs between torch versions

@@ -56,23 +56,36 @@ class KeyedSavePlan(SavePlan):
     token: str | None = None
 
     def __reduce__(self) -> Any:
+        rest = _others(self)
         body = keyed.sent(self.token)
         if body is None or body[0] is not self.items or body[1] is not self.planner_data:
             # Not (or no longer) what the token names: a writer replaced the items. As it is.
-            return (SavePlan, (self.items, self.storage_data, self.planner_data, self.usable))
+            return (_plain_plan, (self.items, self.planner_data, rest))
         token: str = self.token  # type: ignore[assignment]  # not None: keyed.sent found it
-        return (_rebuild_plan, (token, keyed.blob(token), self.storage_data, self.usable))
+        return (_rebuild_plan, (token, keyed.blob(token), rest))
 
 
-def _rebuild_plan(token: str, blob: bytes, storage_data: Any, usable: bool) -> KeyedSavePlan:
+def _others(plan: SavePlan) -> dict[str, Any]:
+    """``plan``'s fields but its items, planner data and token (``usable`` exists from torch
+    2.6 on, ``storage_data`` in every version)."""
+    return {
+        f.name: getattr(plan, f.name) for f in dataclasses.fields(SavePlan) if f.name not in ("items", "planner_data")
+    }
+
+
+def _plain_plan(items: list, planner_data: Any, rest: dict[str, Any]) -> SavePlan:
+    return SavePlan(items=items, planner_data=planner_data, **rest)
+
+
+def _rebuild_plan(token: str, blob: bytes, rest: dict[str, Any]) -> KeyedSavePlan:
     items, planner_data = keyed.rebuild(token, blob)
-    return KeyedSavePlan(items, storage_data, planner_data, usable, token)
+    return KeyedSavePlan(items=items, planner_data=planner_data, token=token, **rest)
 
 
 def _keyed(plan: SavePlan) -> KeyedSavePlan:
     """``plan`` with a new token naming its items and planner data (from now on unchanged)."""
     token = keyed.new_token((plan.items, plan.planner_data))
-    return KeyedSavePlan(plan.items, plan.storage_data, plan.planner_data, plan.usable, token)
+    return KeyedSavePlan(items=plan.items, planner_data=plan.planner_data, token=token, **_others(plan))
 
 
 # ---- the structure of a state dict ------------------------------------------------------------
@@ -239,8 +252,7 @@ class _Global:
             and p.token == q.token
             and p.items is q.items
             and p.planner_data is q.planner_data
-            and p.usable == q.usable
-            and p.storage_data == q.storage_data
+            and _others(p) == _others(q)
             for p, q in zip(all_plans, self.sources)
         )
 
