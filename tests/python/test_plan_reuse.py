@@ -378,3 +378,25 @@ def _fsdp_ranks(rank: int, world: int, path: str) -> None:
 
 def test_fsdp2_saves_with_the_planner_and_reshard_on_load_over_ranks_alone_then_together(tmp_path: Path):
     run_ranks(_fsdp_ranks, (str(tmp_path),), world=2, timeout=300)
+
+
+def test_containers_under_keys_that_are_not_str_are_saved_at_every_save(tmp_path: Path):
+    """DCP keeps a list of plain values or a tuple as one item under the str of its key; a
+    reused plan must still find it under the real key (0, not "0")."""
+    for i in range(3):
+        sd = {"w": torch.ones(3), "state": {0: {"exp_avg": torch.zeros(2), "betas": (0.9, 0.999 + i)}}, 7: [1, 2, i]}
+        save(sd, tmp_path / f"c{i}")
+        dest = {"w": torch.empty(3), "state": {0: {"exp_avg": torch.empty(2), "betas": None}}, "7": None}
+        dcp.load(dest, checkpoint_id=tmp_path / f"c{i}")
+        assert dest["state"]["0"]["betas"] == (0.9, 0.999 + i) and dest["7"] == [1, 2, i]  # DCP's own str keys
+
+
+def test_requires_grad_set_on_a_staged_tensor_reaches_the_metadata(tmp_path: Path):
+    with ht.Stager() as stager:
+        staged = stager.stage({"a": torch.randn(3)})
+        save(staged, tmp_path / "first")
+        staged["a"].requires_grad_(True)
+        save(staged, tmp_path / "second")
+        del staged
+    md = dcp.FileSystemReader(tmp_path / "second").read_metadata()
+    assert md.state_dict_metadata["a"].properties.requires_grad

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint._traverse import get_element
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
@@ -126,6 +126,9 @@ def _read_columns(tensors: list[torch.Tensor]) -> tuple | None:
     )
 
 
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
 def _probe(state_dict: Any) -> tuple[tuple, list[torch.Tensor], list[Any]] | None:
     """(key without the planner's settings, tensors, other values) of ``state_dict``, or None
     where DCP's flattening could differ for an equal key (see the module docstring)."""
@@ -134,6 +137,8 @@ def _probe(state_dict: Any) -> tuple[tuple, list[torch.Tensor], list[Any]] | Non
         if isinstance(v, Mapping) or hasattr(v, "__create_write_items__"):
             return None
     slot = _issued.owner_of(spec, tensors)  # a Stager's: the properties are its slot's (_issued.py)
+    if slot is not None and any(map(_REQUIRES_GRAD, tensors)):
+        slot = None  # requires_grad_() on a staged tensor (handed out without): read them all
     if slot is not None:
         if slot.plan_columns is None:
             slot.plan_columns = _columns(tensors)
@@ -145,23 +150,34 @@ def _probe(state_dict: Any) -> tuple[tuple, list[torch.Tensor], list[Any]] | Non
     return (spec, cols), tensors, values
 
 
-def _dcp_paths(spec: tuple, prefix: tuple, tensors: list[tuple], values: list[tuple]) -> None:
+def _dcp_paths(spec: tuple, prefix: tuple, raw: tuple, tensors: list[tuple], values: list[tuple], nodes: dict) -> None:
     """The path DCP's ``flatten_state_dict`` gives each leaf (dict keys as ``str``, list and
-    tuple positions as ``int``), tensors and other values apart, in ``_tree``'s order."""
+    tuple positions as ``int``), tensors and other values apart, in ``_tree``'s order; and in
+    ``nodes``, each container's DCP path -> its path of real keys (``raw``: a dict key ``0``
+    is ``"0"`` to DCP, which cannot find it again by that)."""
     kind = spec[0]
     if kind == "T":
         tensors.append(prefix)
     elif kind == "V":
         values.append(prefix)
-    elif kind == "D":
-        if spec[3] is _tree._tensors(len(spec[3])):  # a dict of tensors: no frame per tensor
-            tensors += [(*prefix, str(k)) for k in spec[2]]
-            return
-        for k, c in zip(spec[2], spec[3]):
-            _dcp_paths(c, (*prefix, str(k)), tensors, values)
     else:
-        for i, c in enumerate(spec[-1]):
-            _dcp_paths(c, (*prefix, i), tensors, values)
+        nodes[prefix] = raw
+        if kind == "D":
+            if spec[3] is _tree._tensors(len(spec[3])):  # a dict of tensors: no frame per tensor
+                tensors += [(*prefix, str(k)) for k in spec[2]]
+                return
+            for k, c in zip(spec[2], spec[3]):
+                _dcp_paths(c, (*prefix, str(k)), (*raw, k), tensors, values, nodes)
+        else:
+            for i, c in enumerate(spec[-1]):
+                _dcp_paths(c, (*prefix, i), (*raw, i), tensors, values, nodes)
+
+
+def _get(obj: Any, raw: tuple) -> Any:
+    """The value at the path of real keys ``raw`` (from :func:`_dcp_paths`)."""
+    for k in raw:
+        obj = obj[k]
+    return obj
 
 
 class _Entry:
@@ -185,15 +201,24 @@ class _Entry:
 
     @staticmethod
     def build(
-        spec: tuple, tensors: list, values: list, flat: dict, mappings: Any, plan: SavePlan, flattened: bool
+        spec: tuple,
+        state: Any,
+        tensors: list,
+        values: list,
+        flat: dict,
+        mappings: Any,
+        plan: SavePlan,
+        flattened: bool,
     ) -> _Entry | None:
-        """The entry of a structure DCP has just flattened into ``flat`` and planned; None when
-        ``flat`` is not made of the leaves the spec says (then nothing is cached)."""
+        """The entry of a structure (``state``, its spec, tensors and values) DCP has just
+        flattened into ``flat`` and planned; None when ``flat`` is not made of the leaves and
+        containers the spec says (then nothing is cached)."""
         if not flattened:
             return _Entry(None, [], [], mappings, _keyed(plan))
         tpaths: list[tuple] = []
         vpaths: list[tuple] = []
-        _dcp_paths(spec, (), tpaths, vpaths)
+        nodes: dict[tuple, tuple] = {}
+        _dcp_paths(spec, (), (), tpaths, vpaths, nodes)
         where = {p: i for i, p in enumerate(tpaths)}
         where.update((p, len(tensors) + i) for i, p in enumerate(vpaths))
         combined = [*tensors, *values]
@@ -203,7 +228,13 @@ class _Entry:
         for fqn, value in flat.items():
             i = where.get(mappings[fqn])
             if i is None:  # a container DCP does not enter: taken by its path at each save
-                others.append((len(pick), mappings[fqn]))
+                raw = nodes.get(mappings[fqn])
+                try:
+                    if raw is None or _get(state, raw) is not value:
+                        return None
+                except (KeyError, IndexError, TypeError):
+                    return None
+                others.append((len(pick), raw))
                 i = -1
             elif combined[i] is not value:
                 return None
@@ -218,8 +249,8 @@ class _Entry:
             return state_dict, []
         combined = [*tensors, *values, None]  # -1: a placeholder for the others
         leaves = list(map(combined.__getitem__, self.pick))
-        for at, path in self.others:
-            leaves[at] = get_element(state_dict, path)
+        for at, raw in self.others:
+            leaves[at] = _get(state_dict, raw)
         return dict(zip(self.fqns, leaves)), leaves
 
 
@@ -346,7 +377,7 @@ class SavePlanner(DefaultSavePlanner):
                 self.mappings = entry.mappings
                 self._entry = entry
                 return
-            self._probe = (key, cols, tensors, values)
+            self._probe = (key, cols, tensors, values, state_dict)
         super().set_up_planner(state_dict, storage_meta=storage_meta, is_coordinator=is_coordinator)
 
     def create_local_plan(self) -> SavePlan:
@@ -359,9 +390,11 @@ class SavePlanner(DefaultSavePlanner):
     def _plan_locally(self) -> SavePlan:
         plan = super().create_local_plan()
         if self._probe is not None:
-            key, cols, tensors, values = self._probe
+            key, cols, tensors, values, state = self._probe
             self._probe = None
-            entry = _Entry.build(key[1], tensors, values, self.state_dict, self.mappings, plan, self.flatten_state_dict)
+            entry = _Entry.build(
+                key[1], state, tensors, values, self.state_dict, self.mappings, plan, self.flatten_state_dict
+            )
             if entry is not None:
                 _remember(_entries, key, (cols, entry))
                 self._entry = entry
