@@ -215,12 +215,15 @@ def targets(results: list[dict[str, Any]]) -> list[str]:
         x, speed = r["hostreg load"] / r["ceiling read"], r["stock load"] / r["hostreg load"]
         line(x <= 2.0, f"hostreg load, 65,536 items: {x:.2f}x the read ceiling (<= 2)")
         line(speed >= 3.0, f"hostreg load, 65,536 items: {speed:.2f}x faster than stock (>= 3)")
-    per = {n: (by[n]["async repeated"] - by[n]["ceiling write"]) / n for n in by if n >= 8192}
+    # Per item: the repeated save's work outside write_data (planning, the metadata), which no
+    # disk speed hides; write_data's own share follows the bytes.
+    per = {n: sum(v for k, v in by[n]["phases save"].items() if k != "write write_data") / n for n in by if n >= 8192}
     if len(per) > 1:
         lo, hi = min(per.values()), max(per.values())
+        text = ", ".join(f"{1e6 * v:.2f}" for v in per.values())
         line(
-            hi <= 2 * max(lo, 1e-7),
-            f"repeated async save, us per item from 8,192 on: {', '.join(f'{1e6 * v:.2f}' for v in per.values())} (flat: max <= 2x min)",
+            hi <= 2 * max(lo, 1e-9),
+            f"repeated async save, us per item outside write_data from 8,192 on: {text} (flat: max <= 2x min)",
         )
     return out
 
