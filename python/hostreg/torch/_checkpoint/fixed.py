@@ -1,6 +1,5 @@
 """The part of a checkpoint file that is the same at every save of one structure: the tensors'
-containers, laid out once and written again from the same bytes (docs/checkpoint.md,
-"Planning once").
+containers, laid out once and written again from the same bytes (docs/planning.md).
 
 A file's layout (where each container starts, its headers, the padding that puts each
 tensor's bytes at a file offset congruent to its address, so that ``O_DIRECT`` takes them
@@ -57,7 +56,6 @@ class FixedPart:
         self, items: list, index: list[int], lay: _FileLayout, rows: list[int], ptrs: list[int], results: list
     ) -> None:
         self.items = items  # the plan's items it was laid out for (kept: compared by identity)
-        self.index = index
         self.meta = lay.meta  # the bytes the segments point into (kept alive here)
         seg = torch.empty((len(lay.pieces), 3), dtype=torch.int64)
         base = _address(lay.meta)

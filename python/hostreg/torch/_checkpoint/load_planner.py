@@ -1,4 +1,4 @@
-"""DCP load planner whose plan costs a few microseconds an item (docs/checkpoint.md, "Planning once").
+"""DCP load planner whose plan costs a few microseconds an item (docs/planning.md).
 
 DCP's ``DefaultLoadPlanner`` makes each tensor's read items with its resharding code: the
 destination's chunk list, a sweep over the saved chunks, the overlap of each pair, and a

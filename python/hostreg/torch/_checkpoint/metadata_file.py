@@ -1,4 +1,4 @@
-"""``.metadata``'s bytes, pickled once per structure (docs/checkpoint.md, "Planning once").
+"""``.metadata``'s bytes, pickled once per structure (docs/planning.md).
 
 DCP's ``.metadata`` is one pickle of a ``Metadata`` object: per tensor its properties, size and
 chunks (from the planner) and where its bytes lie (``storage_data``, from the writers). For a

@@ -1,4 +1,4 @@
-"""DCP save planner that plans once per state-dict structure (docs/checkpoint.md, "Planning once").
+"""DCP save planner that plans once per state-dict structure (docs/planning.md).
 
 A training job saves the same structure every time, and DCP's ``DefaultSavePlanner`` redoes
 everything per item at every save: it flattens the state dict, makes a ``WriteItem`` per

@@ -137,19 +137,14 @@ class FileSystemWriter(StorageWriter):
         prefix = plan.storage_data.prefix
         self.stats = IoStats()
         results = self._write_planned_before(prefix, plan, planner)
-        if results is not None:
-            if self.sync_files:
-                _fsync_dir(self.path)
-            done: Future[list[WriteResult]] = Future()
-            done.set_result(results)
-            return done
-        # Each item's data is resolved as its part is laid out (while the part before it is
-        # being written), not all before the first byte is written.
-        resolved = ((item, planner.resolve_data(item)) for item in plan.items)
-        groups: Any = [resolved] if self.single_file_per_rank else ([x] for x in resolved)
-        results = []
-        for n, group in enumerate(groups):
-            results += self._write_file(f"{prefix}{n}{SUFFIX}", group)
+        if results is None:
+            # Each item's data is resolved as its part is laid out (while the part before it is
+            # being written), not all before the first byte is written.
+            resolved = ((item, planner.resolve_data(item)) for item in plan.items)
+            groups: Any = [resolved] if self.single_file_per_rank else ([x] for x in resolved)
+            results = []
+            for n, group in enumerate(groups):
+                results += self._write_file(f"{prefix}{n}{SUFFIX}", group)
         if self.sync_files:
             _fsync_dir(self.path)  # the new files' names are durable too
         fut: Future[list[WriteResult]] = Future()
