@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 from .. import _issued, _tree
 from .._collector import collector_paused
 from .._dtensor import dtensor_type, placement_of
-from .._layout import device_of, dtype_of
+from .._sources import _views
 from . import keyed
 
 
@@ -91,6 +91,9 @@ def _keyed(plan: SavePlan) -> KeyedSavePlan:
 # ---- the structure of a state dict ------------------------------------------------------------
 
 
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
 def _columns(tensors: list[torch.Tensor]) -> tuple | None:
     """What a plan depends on per tensor (the module docstring's list), one list per property;
     None when a tensor is of a kind the key cannot describe."""
@@ -114,19 +117,13 @@ def _read_columns(tensors: list[torch.Tensor]) -> tuple | None:
     else:
         return None
     return (
-        list(map(dtype_of, locals_)),
-        list(map(plain.size, locals_)),
-        list(map(plain.stride, locals_)),
-        list(map(device_of, locals_)),
+        *_views(locals_),  # dtypes, shapes, strides, devices
         list(map(plain.is_pinned, locals_)),
         list(map(plain.is_conj, locals_)),
         list(map(plain.is_neg, locals_)),
-        [t.requires_grad for t in tensors],
+        list(map(_REQUIRES_GRAD, tensors)),
         placed,
     )
-
-
-_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 def _probe(state_dict: Any) -> tuple[tuple, list[torch.Tensor], list[Any]] | None:
@@ -325,7 +322,7 @@ class SavePlanner(DefaultSavePlanner):
 
     Args: those of ``DefaultSavePlanner`` (torch 2.13), in its order. ``enable_plan_caching``
     is accepted and has no effect: this class's own caching replaces torch's (which is keyed
-    by class name alone; see docs/checkpoint.md). ``cache_plans=False`` (keyword only) plans
+    by class name alone; see docs/planning.md). ``cache_plans=False`` (keyword only) plans
     every save as ``DefaultSavePlanner`` does.
 
     The process remembers the last 4 structures (the plans of 65,536 items are about 100 MB);
