@@ -325,7 +325,8 @@ class SavePlanner(DefaultSavePlanner):
     by class name alone; see docs/planning.md). ``cache_plans=False`` (keyword only) plans
     every save as ``DefaultSavePlanner`` does.
 
-    The process remembers the last 4 structures (the plans of 65,536 items are about 100 MB);
+    The process remembers the last 4 structures (with the writer's layout, about 4 KB a tensor:
+    256 MiB for 65,536 tensors, docs/planning.md);
     :func:`hostreg.torch.clear_plan_cache` forgets them.
     """
 
