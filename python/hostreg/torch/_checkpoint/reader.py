@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
 import dataclasses
+import functools
 import io
 import os
 from typing import Any
@@ -18,6 +20,7 @@ from torch.futures import Future
 from ... import _hostreg
 from .._collector import collector_paused
 from . import container_read as _container
+from . import read_chunks as _chunks
 from .files import BLOCK, IoStats, _address, _open, _raise_io, check_threads, threads_for
 
 HEAD = 4096  # bytes read from a container's start: its pickle and headers
@@ -117,68 +120,79 @@ class FileSystemReader(_StockReader):
         return tmd.properties.dtype, tuple(chunks[i].sizes)  # type: ignore[union-attr]
 
     def _serve(self, fd: int, reqs: list[Any], infos: list[Any], planner: LoadPlanner) -> list[Any]:
-        # Pass 1: every byte item and small container whole (packed into one buffer), and each
-        # larger tensor container's first and last bytes. Containers are told apart by their
-        # _StorageInfo object (one per stored item: an int to hash, not a MetadataIndex).
-        whole_at: dict[int, int] = {}  # id(info) -> offset of its container in `whole`
-        windows: dict[int, tuple[Any, Any]] = {}  # larger containers: (first bytes, last bytes)
-        packed = 0
+        # Containers are told apart by their _StorageInfo object (one per stored item: an int
+        # to hash, not a MetadataIndex). Byte items and small containers are read whole, a
+        # chunk at a time (read_chunks.py); of each larger one its first and last bytes, then
+        # the tensor's bytes, straight into its destination or a staging buffer.
         byte_io = LoadItemType.BYTE_IO
-        for req, info in zip(reqs, infos):
-            k = id(info)
-            if k in whole_at or k in windows:
-                continue
-            if req.type == byte_io or info.length <= WHOLE:
-                whole_at[k] = packed
-                packed += info.length
-            else:
-                windows[k] = (bytearray(HEAD), bytearray(TAIL))
-        whole = bytearray(packed)
-        base = _address(whole)
-        segs = []
-        for info in {id(i): i for i in infos}.values():
-            at = whole_at.get(id(info))
-            if at is not None:
-                if info.length:
-                    segs.append((info.offset, info.length, base + at))
-            else:
-                head, tail = windows[id(info)]
-                segs.append((info.offset, HEAD, _address(head)))
-                segs.append((info.offset + info.length - TAIL, TAIL, _address(tail)))
-        self._transfer(fd, segs)
-
-        # Pass 2: the tensors' bytes, into their destinations or a staging buffer.
-        slow: list[Any] = []
-        segs = []  # (file offset, bytes, address): what the second read fills
-        done: list[
-            tuple[Any, torch.Tensor, torch.Tensor | None]
-        ] = []  # (req, destination, staged view to copy or None)
+        small: dict[int, Any] = {}
+        large: dict[int, Any] = {}
+        items_of: dict[int, list[int]] = {}  # id(info) -> the items read from it
+        for i, (req, info) in enumerate(zip(reqs, infos)):
+            got = items_of.get(id(info))
+            if got is None:
+                items_of[id(info)] = got = []
+                (small if req.type == byte_io or info.length <= WHOLE else large)[id(info)] = info
+            got.append(i)
         bulk = getattr(planner, "destinations", None)  # hostreg's LoadPlanner: whole tensors' destinations at once
         dests = bulk(reqs) if bulk is not None else None
         commit = type(planner).commit_tensor is not DefaultLoadPlanner.commit_tensor  # DCP's does nothing
-        for i, (req, info) in enumerate(zip(reqs, infos)):
-            at = whole_at.get(id(info))
-            if req.type == byte_io:
-                planner.load_bytes(req, io.BytesIO(bytes(whole[at : at + info.length])))
-                continue
-            st = None
-            if at is not None:
-                known = self._stored_as(req.storage_index)
-                if known is not None:
-                    st = _container.written_by_hostreg(whole, at, info.length, *known)
+        slow: list[Any] = []
+        read = functools.partial(self._transfer, fd)
+        with contextlib.closing(_chunks.chunks_read(_chunks.plan_chunks(list(small.values())), read)) as chunks:
+            for chunk, buf, base, at in chunks:
+                idx = [i for info in chunk for i in items_of[id(info)]]
+                rest = idx if dests is None else _chunks.serve_whole(buf, base, idx, infos, at, dests)
+                if commit and len(rest) < len(idx):
+                    left = set(rest)
+                    for i in idx:
+                        if i not in left:
+                            planner.commit_tensor(reqs[i], dests[i])  # type: ignore[index]
+                for i in rest:
+                    req, info = reqs[i], infos[i]
+                    where = at[id(info)]
+                    if req.type == byte_io:
+                        planner.load_bytes(req, io.BytesIO(bytes(buf[where : where + info.length])))
+                        continue
+                    known = self._stored_as(req.storage_index)
+                    st = None if known is None else _container.written_by_hostreg(buf, where, info.length, *known)
+                    if st is None:
+                        raw = bytes(buf[where : where + info.length])
+                        st = _container.parse(raw, raw, info.length)
+                    if st is None:
+                        slow.append(req)
+                        continue
+                    _, target, view = self._place(info, st, req, planner, [], (buf, where))
+                    if view is not None:
+                        target.copy_(view)  # at once and blocking: the chunk's buffer is reused
+                    planner.commit_tensor(req, target)
+        if large:
+            slow += self._serve_large(fd, reqs, infos, large, items_of, planner)
+        return slow
+
+    def _serve_large(
+        self, fd: int, reqs: list[Any], infos: list[Any], large: dict[int, Any], items_of: dict, planner: LoadPlanner
+    ) -> list[Any]:
+        """Serves the items of containers over ``WHOLE`` bytes (``large``: id -> _StorageInfo):
+        their first and last bytes read, the tensor found, its bytes read straight into the
+        destination or a staging buffer. Returns the items left to DCP's reader."""
+        windows = {k: (bytearray(HEAD), bytearray(TAIL)) for k in large}
+        segs = []
+        for k, info in large.items():
+            head, tail = windows[k]
+            segs.append((info.offset, HEAD, _address(head)))
+            segs.append((info.offset + info.length - TAIL, TAIL, _address(tail)))
+        self._transfer(fd, segs)
+        slow: list[Any] = []
+        segs = []  # (file offset, bytes, address): what the second read fills
+        done: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []  # (req, destination, staged view or None)
+        for k, info in large.items():
+            st = _container.parse(*windows[k], info.length)
+            for i in items_of[k]:
                 if st is None:
-                    raw = bytes(whole[at : at + info.length])
-                    st = _container.parse(raw, raw, info.length)
-            else:
-                st = _container.parse(*windows[id(info)], info.length)
-            if st is None:
-                slow.append(req)
-                continue
-            if dests is not None and at is not None and self._copy_whole(req, st, dests[i], base + at):
-                if commit:
-                    planner.commit_tensor(req, dests[i])
-                continue
-            done.append(self._place(info, st, req, planner, segs, None if at is None else (whole, at)))
+                    slow.append(reqs[i])
+                else:
+                    done.append(self._place(info, st, reqs[i], planner, segs, None))
         if segs:
             self._transfer(fd, segs)
         accel = False
@@ -191,29 +205,8 @@ class FileSystemReader(_StockReader):
             torch.accelerator.synchronize()
         return slow
 
-    @staticmethod
-    def _copy_whole(req: Any, st: Any, target: torch.Tensor | None, container: int) -> bool:
-        """Copies stored tensor ``st`` (its container read at address ``container``) into
-        ``target`` with one memmove when ``req`` reads all of it and ``target`` is a contiguous
-        CPU tensor of its dtype and shape; False (nothing done) otherwise."""
-        if (
-            target is None
-            or st.storage_offset
-            or tuple(req.lengths) != st.shape
-            or any(req.storage_offsets)
-            or target.dtype != st.dtype
-            or target.device.type != "cpu"
-            or not target.is_contiguous()
-            or target.is_conj()
-            or target.is_neg()
-        ):
-            return False
-        if target.numel():
-            ctypes.memmove(target.data_ptr(), container + st.data_offset, target.numel() * target.element_size())
-        return True
-
     def _place(
-        self, info: Any, st: Any, req: Any, planner: LoadPlanner, segs: list, whole: tuple[bytearray, int] | None
+        self, info: Any, st: Any, req: Any, planner: LoadPlanner, segs: list, whole: tuple[Any, int] | None
     ) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
         """Plans where the bytes of read item ``req`` go (appended to ``segs``): straight into its
         destination when that is one byte range of the stored tensor and a contiguous CPU tensor

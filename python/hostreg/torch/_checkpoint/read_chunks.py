@@ -1,0 +1,151 @@
+"""The reader's small containers, read a bounded chunk at a time (docs/checkpoint.md).
+
+Containers up to ``reader.WHOLE`` bytes are read whole: a tensor's header and data in one
+request. They are packed into chunks of about :data:`CHUNK` bytes in file order, read by the C
+core into one of two buffers that alternate, the next chunk being read by a background thread
+while the caller serves the one before. So a load holds at most two chunks of such containers
+in memory, whatever the checkpoint's size, and the disk is not idle while Python works.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Callable, Generator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from ... import _hostreg
+from .._layout import dtype_of, is_cpu
+from . import container_read as _container
+from .files import _address
+
+CHUNK = 64 << 20  # bytes of containers a chunk holds (one larger container makes a chunk alone)
+
+# One chunk: its containers' _StorageInfo objects, and their total length in bytes.
+Chunk = tuple[list[Any], int]
+
+
+def plan_chunks(infos: list[Any]) -> list[Chunk]:
+    """``infos`` (distinct containers) in file order, cut into chunks of up to :data:`CHUNK`
+    bytes (a container longer than that alone)."""
+    out: list[Chunk] = []
+    cur: list[Any] = []
+    size = 0
+    for info in sorted(infos, key=lambda i: (i.relative_path, i.offset)):
+        if cur and size + info.length > CHUNK:
+            out.append((cur, size))
+            cur, size = [], 0
+        cur.append(info)
+        size += info.length
+    if cur:
+        out.append((cur, size))
+    return out
+
+
+Read = Callable[[list[tuple[int, int, int]]], None]
+
+
+def chunks_read(
+    chunks: list[Chunk], transfer: Read
+) -> Generator[tuple[list[Any], Any, int, dict[int, int]], None, None]:
+    """Yields each chunk once read: (its containers, the buffer holding them, the buffer's
+    address, {id(info): the container's offset in the buffer}). ``transfer`` reads a list of
+    (file offset, bytes, address) segments. The next chunk is read by a background thread
+    while the caller holds this one (sequentially where no thread can be started); the buffer
+    is reused two chunks later, so the caller copies out what it needs before asking for the
+    next. Closing the iterator (or an exception in the caller, e.g. Ctrl-C, with the iterator
+    closed by ``contextlib.closing``) waits for a read in flight before its buffer can go."""
+    buffers: list[Any] = [None, None]
+    cap = max((size for _, size in chunks), default=0) or 1  # each buffer holds any chunk
+
+    def read(k: int) -> tuple[Any, int, dict[int, int]]:
+        infos, _ = chunks[k]
+        buf = buffers[k % 2]
+        if buf is None:
+            # An anonymous mapping: the kernel zeroes its pages as the read first touches them
+            # (a bytearray of a few hundred MiB spent longer zeroing itself than the read took).
+            buf = buffers[k % 2] = mmap.mmap(-1, cap)
+        base = _address(buf)
+        at: dict[int, int] = {}
+        segs = []
+        off = 0
+        for info in infos:
+            at[id(info)] = off
+            if info.length:
+                segs.append((info.offset, info.length, base + off))
+            off += info.length
+        transfer(segs)
+        return buf, base, at
+
+    pool: ThreadPoolExecutor | None = None
+    if len(chunks) > 1:
+        try:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="hostreg-read")
+        except RuntimeError:
+            pool = None
+    ahead: Future | None = None
+    try:
+        for k in range(len(chunks)):
+            if pool is not None:
+                if ahead is None:
+                    ahead = pool.submit(read, k)
+                got = ahead.result()
+                ahead = None
+                if k + 1 < len(chunks):
+                    try:
+                        ahead = pool.submit(read, k + 1)
+                    except RuntimeError:  # no thread could be started: read the rest in turn
+                        pool.shutdown(wait=True)
+                        pool = None
+            else:
+                got = read(k)
+            yield (chunks[k][0], *got)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)  # a read in flight ends before its buffer may be freed
+
+
+def serve_whole(buf: Any, base: int, idx: list[int], infos: list[Any], at: dict[int, int], dests: list) -> list[int]:
+    """Copies, with one ``hostregCopyBatch``, the items ``idx`` whose destination (``dests``,
+    the planner's: a plain tensor read whole, else None) is a contiguous CPU tensor and whose
+    container (``infos[i]``, at ``at[id(info)]`` in ``buf``, whose address is ``base``) is laid
+    out as hostreg's writer lays out a tensor of that dtype and shape
+    (``container_read.data_offset``). Returns the items it did not serve."""
+    mine = [i for i in idx if dests[i] is not None]
+    if not mine:
+        return idx
+    ts = [dests[i] for i in mine]
+    plain = torch.Tensor
+    ok = map(
+        lambda c, contiguous, conj, neg: c and contiguous and not conj and not neg,
+        map(is_cpu, ts),
+        map(plain.is_contiguous, ts),
+        map(plain.is_conj, ts),
+        map(plain.is_neg, ts),
+    )
+    served: set[int] = set()
+    dst: list[int] = []
+    src: list[int] = []
+    nbytes: list[int] = []
+    pattern, data_offset = _container.pattern, _container.data_offset
+    for i, good, dtype, shape, ptr in zip(mine, ok, map(dtype_of, ts), map(plain.size, ts), map(plain.data_ptr, ts)):
+        if not good:
+            continue
+        pat = pattern(dtype, shape)
+        if pat is None:
+            continue
+        info = infos[i]
+        where = at[id(info)]
+        data = data_offset(buf, where, info.length, pat)
+        if data < 0:
+            continue
+        served.add(i)
+        if pat.nbytes:
+            dst.append(ptr)
+            src.append(base + where + data)
+            nbytes.append(pat.nbytes)
+    if dst:
+        _hostreg.copy_batch(dst, src, nbytes, 0)
+    return [i for i in idx if i not in served]

@@ -1,0 +1,172 @@
+"""hostreg's reader reads small containers a bounded chunk at a time, the next one in the
+background (read_chunks.py), and LoadPlanner flattens plain state dicts itself: every kind of
+item loads back exactly, with chunks far smaller than the checkpoint, with no thread to read
+ahead, and when serving a chunk fails; LoadPlanner's flattening is DCP's (or DCP's runs)."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+import hostreg.torch as ht
+from hostreg.torch._checkpoint import read_chunks as _chunks
+from hostreg.torch._checkpoint import reader as _reader
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def state(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model": {f"w{i}": torch.randn(17 + i, 5, generator=g) for i in range(40)},
+        "big": torch.randn(400_000, generator=g),  # 1.6 MB: past reader.WHOLE, read apart
+        "other": torch.randn(64, 48, generator=g),  # loaded into float64: staged, then copied
+        "t": torch.randn(30, 20, generator=g),  # loaded into a transposed view: copied
+        "step": torch.tensor(3.0),
+        "empty": torch.empty(0, 4),
+        "lr": 0.25,
+        "blob": io.BytesIO(b"bytes item"),
+    }
+
+
+def destination(sd: dict) -> dict:
+    out = {"model": {k: torch.full_like(v, 7) for k, v in sd["model"].items()}}
+    out |= {"big": torch.zeros(400_000), "other": torch.zeros(64, 48, dtype=torch.float64)}
+    out |= {"t": torch.zeros(20, 30).t(), "step": torch.tensor(0.0), "empty": torch.empty(0, 4)}
+    return out | {"lr": None, "blob": io.BytesIO()}
+
+
+def assert_loaded(got: dict, sd: dict) -> None:
+    for k, v in sd["model"].items():
+        assert torch.equal(got["model"][k], v), k
+    for k in ("big", "t", "step", "empty"):
+        assert torch.equal(got[k], sd[k]), k
+    assert torch.equal(got["other"], sd["other"].double())
+    assert got["lr"] == 0.25 and got["blob"].getvalue() == b"bytes item"
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 3,000 bytes (a container is about 1.5 KiB more than its tensor) and a record
+    of the chunks planned and of the buffers mapped."""
+    monkeypatch.setattr(_chunks, "CHUNK", 3000)
+    seen: dict[str, list] = {"chunks": [], "maps": []}
+    plan, mapping = _chunks.plan_chunks, _chunks.mmap.mmap
+
+    def plan_chunks(infos):
+        got = plan(infos)
+        seen["chunks"].append(got)
+        return got
+
+    def mmap(fileno, length, *a, **k):
+        seen["maps"].append(length)
+        return mapping(fileno, length, *a, **k)
+
+    monkeypatch.setattr(_chunks, "plan_chunks", plan_chunks)
+    monkeypatch.setattr(_chunks.mmap, "mmap", mmap)
+    return seen
+
+
+@pytest.mark.parametrize("writer", ["hostreg", "stock"])
+@pytest.mark.parametrize("planner", ["LoadPlanner", "DefaultLoadPlanner"])
+def test_every_kind_of_item_loads_from_many_small_chunks(tmp_path: Path, small_chunks, writer: str, planner: str):
+    sd = state()
+    w = ht.FileSystemWriter(tmp_path) if writer == "hostreg" else dcp.FileSystemWriter(tmp_path)
+    dcp.save(sd, storage_writer=w, no_dist=True)
+    out = destination(sd)
+    p = ht.LoadPlanner() if planner == "LoadPlanner" else DefaultLoadPlanner()
+    dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path), planner=p, no_dist=True)
+    assert_loaded(out, sd)
+    (chunks,) = small_chunks["chunks"]
+    assert len(chunks) > 20  # every small container, a chunk of about two at a time
+    assert sum(len(c) for c, _ in chunks) == 40 + 5  # the model's, other, t, step, blob; big read apart
+    assert len(small_chunks["maps"]) == 2  # two buffers, alternating
+    assert all(n <= 3000 or len(c) == 1 for c, n in chunks)  # a longer container alone
+    assert max(small_chunks["maps"]) == max(n for _, n in chunks)  # each buffer: the largest chunk
+
+
+def test_with_no_thread_to_read_ahead_the_chunks_are_read_in_turn(tmp_path: Path, small_chunks, monkeypatch):
+    class Refused:
+        def __init__(self, *a, **k):
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(_chunks, "ThreadPoolExecutor", Refused)
+    sd = state(1)
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), no_dist=True)
+    out = destination(sd)
+    dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner(), no_dist=True)
+    assert_loaded(out, sd)
+
+
+def test_a_failure_while_a_chunk_is_served_waits_for_the_read_ahead(tmp_path: Path, small_chunks, monkeypatch):
+    """The caller's error (here a Ctrl-C while the first chunk is served) reaches it only once
+    the next chunk's read, in flight into a buffer about to be freed, has ended; no thread or
+    descriptor is left."""
+    sd = state(2)
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), no_dist=True)
+    transfer = _reader.FileSystemReader._transfer
+    ended: list[float] = []
+
+    def slow(self, fd, segments):
+        if threading.current_thread().name.startswith("hostreg-read"):
+            time.sleep(0.3)
+        transfer(self, fd, segments)
+        ended.append(time.monotonic())
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_reader.FileSystemReader, "_transfer", slow)
+    monkeypatch.setattr(_chunks, "serve_whole", interrupted)
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(BaseException, match="KeyboardInterrupt"):  # DCP may wrap what its ranks raise
+        try:
+            dcp.load(destination(sd), storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner())
+        except KeyboardInterrupt as e:
+            raise RuntimeError("KeyboardInterrupt") from e
+    gone = time.monotonic()
+    assert len(ended) == 2 and ended[1] <= gone  # the first chunk's read, then the one ahead: ended
+    assert not [t for t in threading.enumerate() if t.name.startswith("hostreg-read")]
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def _set_up(cls: type, sd: dict) -> tuple:
+    p = cls()
+    p.set_up_planner(sd, None, True)
+    return p.state_dict, p.mappings, p.original_state_dict is sd
+
+
+T = torch.ones(2)
+FLATTENINGS = {
+    "nested": {"a": {"b": {"c": T, "d": 1}, "e": T}, "f": "text", "g": None, "h": 2.5, "i": b"raw", "j": True},
+    "ordered": {"z": T, "a": {"y": T, "b": T}, "m": T},
+    "a list": {"a": [T, T], "b": T},
+    "a tuple": {"a": (1, 2), "b": T},
+    "an int key": {"a": {0: T, 1: T}},
+    "an empty dict": {"a": {}, "b": T},
+    "a tensor subclass": {"a": torch.nn.Parameter(torch.ones(2)), "b": T},
+    "a bytes buffer": {"a": io.BytesIO(b"x"), "b": T},
+}
+
+
+@pytest.mark.parametrize("name", list(FLATTENINGS))
+def test_load_planner_flattens_as_dcp_does(name: str):
+    sd = FLATTENINGS[name]
+    want, got = _set_up(DefaultLoadPlanner, sd), _set_up(ht.LoadPlanner, sd)
+    assert list(got[0].items()) == list(want[0].items())  # the same values (by identity), in DCP's order
+    assert got[1] == want[1] and got[2] and want[2]
+
+
+def test_a_duplicate_flattened_key_is_dcps_error():
+    sd = {"a.b": T, "a": {"b": T}}
+    for cls in (DefaultLoadPlanner, ht.LoadPlanner):
+        with pytest.raises(ValueError, match="duplicated flatten key"):
+            _set_up(cls, sd)
