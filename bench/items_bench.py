@@ -16,7 +16,8 @@ save of it takes minutes). In one run, per N, in the same directory:
               FileSystemWriter, timed to upload_completion ("done"); first, then the median of
               3 repeated saves after a warm-up
   loads       into a pinned destination (hostreg.torch.create_cpu_state_dict(pin_memory=True)),
-              page cache dropped first: stock dcp.load, and dcp.load with hostreg's reader;
+              page cache dropped first: stock dcp.load, and dcp.load with hostreg's reader and
+              hostreg.torch.LoadPlanner;
               every tensor compared with the source after each
 
 Columns: seconds, the ratio to the ceiling's seconds ("x ceil", time over time), and the cost
@@ -80,6 +81,7 @@ def timed(cls: type, methods: list[str], prefix: str) -> type:
 Planner = timed(ht.SavePlanner, ["set_up_planner", "create_local_plan", "create_global_plan", "finish_plan"], "plan ")
 Writer = timed(ht.FileSystemWriter, ["prepare_local_plan", "prepare_global_plan", "write_data", "finish"], "write ")
 Reader = timed(ht.FileSystemReader, ["read_metadata", "read_data"], "read ")
+LoadPlanner = timed(ht.LoadPlanner, ["set_up_planner", "create_local_plan"], "load plan ")
 
 
 def fresh(d: str, host: Host) -> None:
@@ -109,7 +111,7 @@ def load(sd: dict, dest: dict, d: str, hostreg: bool, host: Host) -> float:
         t.zero_()
     t0 = time.perf_counter()
     if hostreg:
-        dcp.load(dest, storage_reader=Reader(d))
+        dcp.load(dest, storage_reader=Reader(d), planner=LoadPlanner())
     else:
         dcp.load(dest, checkpoint_id=d)
     took = time.perf_counter() - t0

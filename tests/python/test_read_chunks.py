@@ -170,3 +170,21 @@ def test_a_duplicate_flattened_key_is_dcps_error():
     for cls in (DefaultLoadPlanner, ht.LoadPlanner):
         with pytest.raises(ValueError, match="duplicated flatten key"):
             _set_up(cls, sd)
+
+
+def test_a_planner_that_resolves_tensors_its_own_way_is_asked_for_every_item(tmp_path: Path):
+    """The reader's shortcut (the state dict's tensor itself as the destination) is taken only
+    for planners that resolve tensors as DCP's DefaultLoadPlanner does."""
+    sd = {"model": {f"w{i}": torch.full((3,), float(i)) for i in range(5)}}
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), no_dist=True)
+    elsewhere = {f"model.w{i}": torch.zeros(3) for i in range(5)}
+
+    class Redirecting(ht.LoadPlanner):
+        def resolve_tensor(self, read_item):
+            return elsewhere[read_item.dest_index.fqn]
+
+    out = {"model": {k: torch.zeros(3) for k in sd["model"]}}
+    dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path), planner=Redirecting(), no_dist=True)
+    for i in range(5):
+        assert torch.equal(elsewhere[f"model.w{i}"], sd["model"][f"w{i}"])
+        assert not out["model"][f"w{i}"].any()

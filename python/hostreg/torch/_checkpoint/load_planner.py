@@ -101,39 +101,42 @@ def _flat(state_dict: Any) -> tuple[dict[str, Any], dict[str, tuple]] | None:
 _META = torch.device("meta")
 
 
+def destinations(planner: Any, items: list[ReadItem]) -> list[torch.Tensor | None] | None:
+    """For each read item of a ``DefaultLoadPlanner`` (DCP's, hostreg's ``LoadPlanner`` or a
+    subclass), the tensor its ``resolve_tensor`` would give where the item is the whole of a
+    plain tensor of the (flattened) state dict, read from the start of the stored tensor: that
+    tensor itself; else None (resolve it). None for all where the planner is of another kind
+    or changes how tensors are resolved. For hostreg's reader: one dict lookup an item instead
+    of DCP's lookup and narrowing."""
+    cls = type(planner)
+    if (
+        not isinstance(planner, DefaultLoadPlanner)
+        or cls.resolve_tensor is not DefaultLoadPlanner.resolve_tensor
+        or cls.lookup_tensor is not DefaultLoadPlanner.lookup_tensor
+        or cls.transform_tensor is not DefaultLoadPlanner.transform_tensor
+    ):
+        return None
+    get, plain, whole = planner.state_dict.get, torch.Tensor, LoadItemType.TENSOR
+    out: list[torch.Tensor | None] = []
+    for item in items:
+        t: Any = get(item.dest_index.fqn)
+        ok = (
+            type(t) is plain
+            and item.type == whole
+            and t.shape == item.lengths
+            and not any(item.dest_offsets)
+            and not any(item.storage_offsets)
+        )
+        out.append(t if ok else None)
+    return out
+
+
 class LoadPlanner(DefaultLoadPlanner):
     """DCP's ``DefaultLoadPlanner`` with a local plan made without its resharding code where a
     tensor is read whole (see the module docstring); the same read items, the same errors
     (a key missing from the checkpoint: ``RuntimeError``; a size that differs:
     ``ValueError``), the same arguments. ``dcp.load(sd, ..., planner=hostreg.torch.LoadPlanner())``
     with any storage reader (DCP's or hostreg's)."""
-
-    def destinations(self, items: list[ReadItem]) -> list[torch.Tensor | None] | None:
-        """For each read item, the tensor :meth:`resolve_tensor` would give where the item is
-        the whole of a plain tensor of the (flattened) state dict, read from the start of the
-        stored tensor: that tensor itself; else
-        None (resolve it). None for all where a subclass changes how tensors are resolved.
-        For hostreg's reader: one dict lookup an item instead of DCP's lookup and narrowing."""
-        cls = type(self)
-        if (
-            cls.resolve_tensor is not DefaultLoadPlanner.resolve_tensor
-            or cls.lookup_tensor is not DefaultLoadPlanner.lookup_tensor
-            or cls.transform_tensor is not DefaultLoadPlanner.transform_tensor
-        ):
-            return None
-        get, plain, whole = self.state_dict.get, torch.Tensor, LoadItemType.TENSOR
-        out: list[torch.Tensor | None] = []
-        for item in items:
-            t: Any = get(item.dest_index.fqn)
-            ok = (
-                type(t) is plain
-                and item.type == whole
-                and t.shape == item.lengths
-                and not any(item.dest_offsets)
-                and not any(item.storage_offsets)
-            )
-            out.append(t if ok else None)
-        return out
 
     def set_up_planner(self, state_dict: Any, metadata: Any = None, is_coordinator: bool = False) -> None:
         with collector_paused():  # DCP's flattening: as below

@@ -22,6 +22,7 @@ from .._collector import collector_paused
 from . import container_read as _container
 from . import read_chunks as _chunks
 from .files import BLOCK, IoStats, _address, _open, _raise_io, check_threads, threads_for
+from .load_planner import destinations as _destinations
 
 HEAD = 4096  # bytes read from a container's start: its pickle and headers
 TAIL = 4096  # and from its end: the central directory
@@ -134,8 +135,7 @@ class FileSystemReader(_StockReader):
                 items_of[id(info)] = got = []
                 (small if req.type == byte_io or info.length <= WHOLE else large)[id(info)] = info
             got.append(i)
-        bulk = getattr(planner, "destinations", None)  # hostreg's LoadPlanner: whole tensors' destinations at once
-        dests = bulk(reqs) if bulk is not None else None
+        dests = _destinations(planner, reqs)  # whole plain tensors' destinations at once, or None
         commit = type(planner).commit_tensor is not DefaultLoadPlanner.commit_tensor  # DCP's does nothing
         slow: list[Any] = []
         read = functools.partial(self._transfer, fd)
