@@ -14,14 +14,16 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import FileSystemReader as _StockReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
 from ... import _hostreg
 from .._collector import collector_paused
 from . import container_read as _container
+from . import metadata_read as _metadata_read
 from . import read_chunks as _chunks
-from .files import BLOCK, IoStats, _address, _open, _raise_io, check_threads, threads_for
+from .files import BLOCK, METADATA, IoStats, _address, _open, _raise_io, check_threads, threads_for
 from .load_planner import destinations as _destinations
 
 HEAD = 4096  # bytes read from a container's start: its pickle and headers
@@ -41,13 +43,21 @@ class FileSystemReader(_StockReader):
     where hostreg can register it). Resharding works as with DCP's reader: read items narrow
     the stored tensors. Items with stream transforms, or containers that are not a plain
     tensor's, go to DCP's own reader. A truncated or unreadable file raises ``OSError``.
+
+    A checkpoint is input: ``.metadata`` is unpickled admitting only the types DCP's metadata
+    is made of (``UntrustedMetadataError`` for anything else: unpickling it could run code),
+    unless ``trusted=True``; entries whose file is not a plain file of the directory, or whose
+    offsets are not byte counts, raise ``ValueError`` naming the item (``metadata_read.py``).
     """
 
-    def __init__(self, path: str | os.PathLike, thread_count: int | None = None, *, direct_io: bool = True) -> None:
+    def __init__(
+        self, path: str | os.PathLike, thread_count: int | None = None, *, direct_io: bool = True, trusted: bool = False
+    ) -> None:
         super().__init__(path)
         check_threads(thread_count)
         self.thread_count = thread_count
         self.direct_io = direct_io
+        self.trusted = trusted
         self.stats = IoStats()
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
@@ -91,17 +101,30 @@ class FileSystemReader(_StockReader):
         left to DCP's reader."""
         fd = _open(path, os.O_RDONLY, self.direct_io)
         try:
+            _metadata_read.check_ranges(os.path.basename(path), os.fstat(fd).st_size, reqs, infos)
             return self._serve(fd, reqs, infos, planner)
         finally:
             os.close(fd)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        # DCP's own (the stock reader's); its unpickling makes about 15 objects per item, which
-        # set off full collections over them all (half its time for 65,536 items): paused.
+        """The checkpoint's ``Metadata``: ``.metadata``, or with ``rank=`` (DCP's fallback for a
+        save without collectives) ``__{rank}.metadata``; unpickled as data unless the reader
+        is ``trusted`` (``metadata_read.py``). ``FileNotFoundError`` where it is missing,
+        ``UntrustedMetadataError`` where it is damaged or names other types."""
+        rank = kwargs.get("rank")
+        path = os.path.join(os.fspath(self.path), METADATA if rank is None else f"__{rank}{METADATA}")
+        # Unpickling makes about 15 objects per item, which set off full collections over them
+        # all (half its time for 65,536 items): paused.
         with collector_paused():
-            return super().read_metadata(*args, **kwargs)
+            metadata = _metadata_read.load_metadata(path, self.trusted)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        if hasattr(self, "load_id"):  # as DCP's reader does (torch >= 2.5)
+            metadata.storage_meta.load_id = self.load_id
+        return metadata
 
     def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        _metadata_read.check_storage(metadata, os.fspath(self.path))
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._metadata = metadata  # each stored chunk's dtype and shape (the fast check of a container)
 
@@ -222,6 +245,15 @@ class FileSystemReader(_StockReader):
         for n in shape[1:]:
             row *= n
         base = info.offset + st.data_offset + st.storage_offset * itemsize
+        if (
+            len(offs) != len(shape)
+            or len(lens) != len(shape)
+            or any(o < 0 or n < 0 or o + n > s for o, n, s in zip(offs, lens, shape))
+        ):
+            raise ValueError(
+                f"{req.storage_index.fqn}: the metadata reads offsets {offs}, lengths {lens} of a stored tensor "
+                f"whose container ({info.relative_path}, byte {info.offset}) holds shape {shape}"
+            )
         target = planner.resolve_tensor(req).detach()
         if not shape:  # 0-d
             first, rows, inner_full = 0, 1, True

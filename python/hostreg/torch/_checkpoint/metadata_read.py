@@ -1,0 +1,143 @@
+"""``.metadata`` read as data, not as a program (docs/checkpoint.md, "Reading untrusted
+checkpoints").
+
+DCP's ``.metadata`` is a pickle, and ``pickle.load`` of a file from elsewhere runs whatever the
+file names: a checkpoint from someone else is code. hostreg's reader unpickles it with
+:class:`MetadataUnpickler`, which builds only the types a DCP checkpoint's metadata is made of
+(DCP's own dataclasses in ``torch.distributed.checkpoint.metadata`` and ``filesystem``, and the
+torch values they hold: ``torch.Size``, dtypes, layouts, memory formats) and the plain values
+pickle makes itself (dicts, lists, tuples, strings, numbers). Anything else is refused with
+:class:`UntrustedMetadataError`, before it is built; ``trusted=True`` on the reader unpickles
+as DCP does, for checkpoints whose origin the user vouches for.
+
+Then :func:`check_storage` holds every entry of ``storage_data`` to what the reader can read
+safely: a file name inside the checkpoint's directory, offsets and lengths that are
+non-negative integers; and :func:`check_ranges` each file's items to the file's size, without
+overlaps.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from typing import Any
+
+import torch
+
+# (module, name) of every class or function a DCP metadata pickle names, in torch 2.4 to 2.13
+# (the dataclasses of torch/distributed/checkpoint/metadata.py and filesystem.py, and the
+# reducers torch's own types pickle with).
+_ALLOWED = {
+    ("torch.distributed.checkpoint.metadata", "Metadata"),
+    ("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"),
+    ("torch.distributed.checkpoint.metadata", "BytesStorageMetadata"),
+    ("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata"),
+    ("torch.distributed.checkpoint.metadata", "TensorProperties"),
+    ("torch.distributed.checkpoint.metadata", "MetadataIndex"),
+    ("torch.distributed.checkpoint.metadata", "StorageMeta"),
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("collections", "OrderedDict"),
+    # StorageMeta.checkpoint_id: DCP's writers keep the path they were given, str or Path.
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "PureWindowsPath"),
+}
+
+
+class UntrustedMetadataError(pickle.UnpicklingError):
+    """A checkpoint's ``.metadata`` names a type that DCP's metadata is not made of (it could
+    run code when unpickled), or is not a pickle of DCP's metadata at all."""
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` that builds only DCP metadata's own types (see the module
+    docstring); anything else raises :class:`UntrustedMetadataError` naming it."""
+
+    def __init__(self, file: Any, source: str) -> None:
+        super().__init__(file)
+        self.source = source
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise UntrustedMetadataError(
+            f"{self.source} names {module}.{name}, which DCP's metadata is not made of: not loaded, "
+            "since unpickling it could run code. Pass trusted=True to hostreg.torch.FileSystemReader "
+            "only for a checkpoint whose origin you trust."
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UntrustedMetadataError(f"{self.source} holds a persistent id, which DCP's metadata has none of")
+
+
+def load_metadata(path: str, trusted: bool) -> Any:
+    """The ``Metadata`` pickled in file ``path``: with :class:`MetadataUnpickler`, or plain
+    ``pickle`` when ``trusted``. ``FileNotFoundError`` when it is missing (DCP's load then
+    looks for a rank's own), :class:`UntrustedMetadataError` when it is empty, truncated, not
+    a pickle, not a ``Metadata``, or names another type."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        got = pickle.loads(raw) if trusted else MetadataUnpickler(io.BytesIO(raw), path).load()
+    except UntrustedMetadataError:
+        raise
+    except Exception as e:  # EOFError, UnpicklingError, and whatever a damaged pickle raises
+        what = "empty" if not raw else f"not a whole pickle ({type(e).__name__}: {e})"
+        raise UntrustedMetadataError(f"{path} is {what}: not a DCP checkpoint's metadata") from e
+    if not isinstance(got, Metadata):
+        raise UntrustedMetadataError(f"{path} holds a {type(got).__name__}, not DCP's Metadata")
+    return got
+
+
+def check_storage(metadata: Any, directory: str) -> None:
+    """Raises ``ValueError`` naming the item where an entry of ``metadata.storage_data`` could
+    make the reader read outside the checkpoint: a file name that is not one plain name in
+    ``directory`` (a separator, ``..``, an absolute path, a symbolic link), or an offset or a
+    length that is not a non-negative integer. (Offsets past a file's end are found when the
+    file is read: an ``OSError``.)"""
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(storage, dict):
+        raise ValueError(f"the metadata of {directory} has no storage_data mapping")
+    names: dict[str, bool] = {}
+    for index, info in storage.items():
+        rel, off, length = (getattr(info, k, None) for k in ("relative_path", "offset", "length"))
+        ok = names.get(rel) if isinstance(rel, str) else False
+        if ok is None and isinstance(rel, str):
+            ok = names[rel] = (
+                rel not in ("", ".", "..")
+                and os.sep not in rel
+                and "\0" not in rel
+                and not os.path.islink(os.path.join(directory, rel))
+            )
+        if not ok:
+            raise ValueError(f"{getattr(index, 'fqn', index)}: its file {rel!r} is not a file of {directory}")
+        if type(off) is not int or type(length) is not int or off < 0 or length < 0:
+            raise ValueError(
+                f"{getattr(index, 'fqn', index)}: offset {off!r} and length {length!r} are not byte counts"
+            )
+
+
+def check_ranges(name: str, size: int, reqs: list[Any], infos: list[Any]) -> None:
+    """Raises ``ValueError`` naming the item where the items ``reqs`` of file ``name`` (``size``
+    bytes; ``infos``: each one's ``_StorageInfo``) run past its end (a truncated file, or
+    metadata of another) or overlap one another (no writer lays items out so)."""
+    first = {id(i): (i, r) for i, r in zip(infos, reqs)}
+    end = 0
+    for info, req in sorted(first.values(), key=lambda p: p[0].offset):
+        stop = info.offset + info.length
+        what = f"{req.storage_index.fqn}: bytes {info.offset} to {stop} of {name}"
+        if stop > size:
+            raise ValueError(
+                f"{what} run past the end of {name} ({size} bytes): truncated, or not this file's metadata"
+            )
+        if info.offset < end:
+            raise ValueError(f"{what} overlap another item's (at most up to byte {end})")
+        end = stop
