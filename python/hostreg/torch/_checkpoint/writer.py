@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
 import secrets
 from typing import Any
 
@@ -34,6 +35,8 @@ from .files import (
 from .metadata_file import Results, metadata_bytes
 from .parts import _FileLayout, _PartWriter
 
+_RANK_METADATA = re.compile(r"__\d+" + re.escape(METADATA))  # a rank's own, of a save without collectives
+
 
 class FileSystemWriter(StorageWriter):
     """DCP ``StorageWriter`` whose files are DCP's own format, written at the disk's speed.
@@ -50,9 +53,10 @@ class FileSystemWriter(StorageWriter):
             (temporary name, ``fsync``, ``rename``, ``fsync`` of the directory).
         thread_count: requests in flight per file (threads of the C core), >= 1; None (the
             default) chooses per disk: 8, or 2 on a rotational disk (``files.threads_for``).
-        overwrite: allow a directory that holds a checkpoint; its ``.metadata`` is removed
+        overwrite: allow a directory that holds a checkpoint; every metadata file that
+            describes a file about to change (``.metadata``, ``__{rank}.metadata``) is removed
             before any data is written, so a save that dies half-way leaves a directory that
-            does not load. ``False`` raises ``RuntimeError`` as DCP's writer does.
+            loads the old checkpoint's untouched ranks or nothing, never a mix. ``False`` raises ``RuntimeError`` as DCP's writer does.
         direct_io: use ``O_DIRECT`` where the filesystem allows (else the page cache, said once
             in a ``hostreg`` log line).
 
@@ -119,18 +123,29 @@ class FileSystemWriter(StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         # The coordinator, before any rank writes data: an old checkpoint here stops loading.
-        self._drop_metadata(self._metadata_path())
+        # With collectives every rank's file is about to change, so every rank's own metadata
+        # (``__{rank}.metadata``, of a save without collectives, which dcp.load falls back to
+        # where ``.metadata`` is missing) goes too; without, each rank runs this for itself and
+        # removed its own in prepare_local_plan (another rank's may be new).
+        doomed = [self._metadata_path()]
+        if self.use_collectives:
+            doomed += [os.path.join(self.path, n) for n in os.listdir(self.path) if _RANK_METADATA.fullmatch(n)]
+        self._drop_metadata(*doomed)
         return [
             dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_")) if p.storage_data is None else p
             for i, p in enumerate(plans)
         ]
 
-    def _drop_metadata(self, path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            return
-        if self.sync_files:
+    def _drop_metadata(self, *paths: str) -> None:
+        """Removes the metadata files ``paths`` (those present), then makes that durable."""
+        gone = False
+        for path in paths:
+            try:
+                os.unlink(path)
+                gone = True
+            except FileNotFoundError:
+                continue
+        if gone and self.sync_files:
             _fsync_dir(self.path)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
