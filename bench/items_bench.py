@@ -17,7 +17,8 @@ save of it takes minutes). In one run, per N, in the same directory:
               3 repeated saves after a warm-up
   loads       into a pinned destination (hostreg.torch.create_cpu_state_dict(pin_memory=True)),
               page cache dropped first: stock dcp.load, and dcp.load with hostreg's reader and
-              hostreg.torch.LoadPlanner;
+              hostreg.torch.LoadPlanner; then `hostreg verify`'s check of every byte
+              (verify_checkpoint), and the load again with FileSystemReader(verify=True);
               every tensor compared with the source after each
 
 Columns: seconds, the ratio to the ceiling's seconds ("x ceil", time over time), and the cost
@@ -105,13 +106,26 @@ def async_save(sd: dict, d: str, stager: Any) -> float:
     return time.perf_counter() - t0
 
 
-def load(sd: dict, dest: dict, d: str, hostreg: bool, host: Host) -> float:
+def verify(d: str, host: Host) -> float:
+    """hostreg verify's check of every byte of the checkpoint, page cache dropped first."""
+    from hostreg.torch._checkpoint.verify import verify_checkpoint
+
+    host.drop_caches()
+    t0 = time.perf_counter()
+    report = verify_checkpoint(d)
+    took = time.perf_counter() - t0
+    if report.problems:
+        raise RuntimeError(f"verify found {len(report.problems)} problems (first: {report.problems[0]})")
+    return took
+
+
+def load(sd: dict, dest: dict, d: str, hostreg: bool, host: Host, verified: bool = False) -> float:
     host.drop_caches()
     for t in dest["model"].values():
         t.zero_()
     t0 = time.perf_counter()
     if hostreg:
-        dcp.load(dest, storage_reader=Reader(d), planner=LoadPlanner())
+        dcp.load(dest, storage_reader=Reader(d, verify=verified), planner=LoadPlanner())
     else:
         dcp.load(dest, checkpoint_id=d)
     took = time.perf_counter() - t0
@@ -151,6 +165,8 @@ def one_count(n: int, nbytes: int, root: str, host: Host, with_stock: bool, cons
     PHASES.clear()
     out["hostreg load"] = load(sd, dest, d, True, host)
     out["phases load"] = dict(PHASES)
+    out["verify"] = verify(d, host)
+    out["hostreg load, verify=True"] = load(sd, dest, d, True, host, verified=True)
     del dest
     shutil.rmtree(d, ignore_errors=True)
     console.print(f"  {n:,} items done")
@@ -166,6 +182,8 @@ ROWS = [
     ("async repeated", "ceiling write"),
     ("stock load", "ceiling read"),
     ("hostreg load", "ceiling read"),
+    ("verify", "ceiling read"),
+    ("hostreg load, verify=True", "ceiling read"),
 ]
 
 

@@ -101,6 +101,14 @@ HOSTREG_API int hostregFileWrite(int fd, const hostregFileSegment* segments, siz
 HOSTREG_API int hostregFileRead(int fd, const hostregFileSegment* segments, size_t count, unsigned int threads,
                                 hostregFileStats* stats);
 
+/* The CRC-32 (zlib's crc32, as ZIP uses; computed by libdeflate where hostreg was built with
+ * it) of each memory range i, [memory[i], memory[i] + lengths[i]), into out[i], with up to
+ * `threads` threads (0: 4; ranges of over 4 MiB are shared out in 4 MiB pieces). For the
+ * checkpoint reader's verification. Returns 0, or 1 for a NULL array (count > 0) or a NULL
+ * range of nonzero length, or 2 where the plan's memory cannot be had. */
+HOSTREG_API int hostregCrc32Batch(const void* const* memory, const uint64_t* lengths, size_t count, uint32_t* out,
+                                  unsigned int threads);
+
 #ifdef __cplusplus
 }
 #endif

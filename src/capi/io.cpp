@@ -19,4 +19,9 @@ int hostregFileRead(int fd, const hostregFileSegment* segments, size_t count, un
     return record(hostreg::file_read(fd, segments, count, threads, stats), __func__);
 }
 
+int hostregCrc32Batch(const void* const* memory, const uint64_t* lengths, size_t count, uint32_t* out,
+                      unsigned int threads) {
+    return record(hostreg::crc32_batch(memory, lengths, count, out, threads), __func__);
+}
+
 }  // extern "C"

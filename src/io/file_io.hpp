@@ -20,4 +20,6 @@ Status file_write(int fd, const hostregFileSegment* segments, size_t count, cons
 
 Status file_read(int fd, const hostregFileSegment* segments, size_t count, unsigned threads, hostregFileStats* stats);
 
+Status crc32_batch(const void* const* memory, const uint64_t* lengths, size_t count, uint32_t* out, unsigned threads);
+
 }  // namespace hostreg

@@ -1,8 +1,11 @@
 // io.cpp: checkpoint files written and read at the disk's speed (include/hostreg/io.h); see
 // common.hpp for the extension's files.
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
+#include <cstdint>
 #include <tuple>
+#include <vector>
 
 #include "common.hpp"
 #include "hostreg/io.h"
@@ -51,6 +54,24 @@ void bind_io(nb::module_& m) {
         nb::arg("fd"), nb::arg("segments"), nb::arg("count"), nb::arg("threads") = 0,
         "hostregFileRead over an array of segments at the given address (as file_write's). Returns (cudaError "
         "number, direct bytes, bounced bytes, requests, O_DIRECT to the end).");
+    m.def(
+        "crc32_batch",
+        [](const std::vector<uintptr_t>& memory, const std::vector<uint64_t>& lengths, unsigned threads) {
+            if (memory.size() != lengths.size())
+                throw nb::value_error("crc32_batch: memory and lengths must have the same length");
+            std::vector<uint32_t> out(memory.size());
+            int code;
+            {
+                nb::gil_scoped_release nogil;
+                code = hostregCrc32Batch(reinterpret_cast<const void* const*>(memory.data()), lengths.data(),
+                                         memory.size(), out.data(), threads);
+            }
+            raise_pending();
+            return std::make_tuple(code, std::move(out));
+        },
+        nb::arg("memory"), nb::arg("lengths"), nb::arg("threads") = 0,
+        "hostregCrc32Batch over lists of addresses and byte counts (the caller vouches for them). Returns "
+        "(cudaError number, the checksums).");
 }
 
 }  // namespace hostreg_py

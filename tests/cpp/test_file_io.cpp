@@ -347,3 +347,33 @@ TEST(FileIo, TheOperatingSystemsRefusalKeepsItsErrno) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Crc32Batch, EachRangeGetsZlibsCrcAcrossPiecesAndThreads) {
+    // Ranges of 0 bytes, odd sizes, and ones cut into several 4 MiB pieces, against zlib's
+    // crc32 of the same bytes (ZIP's checksum).
+    const size_t big = (size_t{9} << 20) + 12345;
+    Buf a{big, 7};
+    std::vector<const void*> memory = {a.at(0), a.at(3), a.at(1), a.at(0), nullptr};
+    std::vector<uint64_t> lengths = {big, 1000, 4u << 20, 0, 0};
+    for (unsigned threads : {1u, 3u, 16u}) {
+        std::vector<uint32_t> out(memory.size(), 0xdeadbeef);
+        ASSERT_EQ(hostregCrc32Batch(memory.data(), lengths.data(), memory.size(), out.data(), threads), 0);
+        for (size_t i = 0; i < memory.size(); ++i) {
+            const uLong want = crc32_z(0, static_cast<const Bytef*>(memory[i]), static_cast<z_size_t>(lengths[i]));
+            EXPECT_EQ(out[i], static_cast<uint32_t>(want)) << "range " << i << ", " << threads << " threads";
+        }
+    }
+}
+
+TEST(Crc32Batch, BadArgumentsAreInvalidValue) {
+    uint64_t len = 10;
+    const void* none = nullptr;
+    uint32_t out = 0;
+    EXPECT_EQ(hostregCrc32Batch(&none, &len, 1, &out, 1), hostregErrorInvalidValue);
+    EXPECT_EQ(hostregCrc32Batch(nullptr, &len, 1, &out, 1), hostregErrorInvalidValue);
+    EXPECT_EQ(hostregCrc32Batch(nullptr, nullptr, 0, nullptr, 1), 0);  // nothing to do
+}
+
+}  // namespace

@@ -7,6 +7,9 @@ the staged dict as a DCP checkpoint, loads it back and verifies it. Exit codes: 
 
 ``hostreg doctor`` reports every backend (available or why not), the limits that decide
 whether staging works, and a verdict. Exit codes: 0 staging would work, 1 it would not.
+
+``hostreg verify DIR`` checks every byte of a DCP checkpoint against what was saved
+(``verify.py``). Exit codes: 0 intact, 1 a problem found, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -251,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="say whether hostreg.torch.FileSystemWriter/Reader get O_DIRECT in DIR (repeatable)",
     )
     d.set_defaults(func=_doctor)
+    from . import verify
+
+    verify.add_parser(sub)
     return parser
 
 

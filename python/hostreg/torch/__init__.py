@@ -25,6 +25,8 @@ from ._state_dict import ALIGNMENT, Arena, copy_state_dict, create_cpu_state_dic
 __all__ = [
     "ALIGNMENT",
     "Arena",
+    "CorruptCheckpointError",
+    "UntrustedMetadataError",
     "clear_plan_cache",
     "FileSystemReader",
     "FileSystemWriter",
@@ -44,13 +46,21 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ._checkpoint import FileSystemReader, FileSystemWriter, LoadPlanner, SavePlanner, clear_plan_cache
+    from ._checkpoint import (
+        CorruptCheckpointError,
+        FileSystemReader,
+        FileSystemWriter,
+        LoadPlanner,
+        SavePlanner,
+        UntrustedMetadataError,
+        clear_plan_cache,
+    )
 
 
 def __getattr__(name: str) -> Any:
     # The checkpoint writer and reader import torch.distributed.checkpoint (about 0.5 s): only
     # when asked for, so that the drop-in and staging start as fast as before.
-    if name in ("FileSystemReader", "FileSystemWriter", "LoadPlanner", "SavePlanner", "clear_plan_cache"):
+    if name in __all__:  # the names of __all__ not defined above: the checkpoint package's
         from . import _checkpoint
 
         return getattr(_checkpoint, name)

@@ -14,7 +14,10 @@ out), ``container.py`` / ``container_read.py`` (one tensor's ``torch.save`` cont
 planning once per structure: ``planner.py`` (:class:`SavePlanner`), ``load_planner.py``
 (:class:`LoadPlanner`: whole tensors' read items made directly), ``fixed.py`` (a file's
 tensor containers laid out once), ``metadata_file.py`` (``.metadata`` pickled once),
-``keyed.py`` (what is made once travels between ranks as a token and its bytes).
+``keyed.py`` (what is made once travels between ranks as a token and its bytes); reading
+files it did not write: ``read_chunks.py`` (small containers a chunk at a time),
+``metadata_read.py`` (``.metadata`` unpickled as data, its entries checked) and ``verify.py``
+(every byte against what was saved: ``verify=True``, ``hostreg verify``).
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from . import keyed as _keyed
 from . import metadata_file as _metadata_file
 from . import planner as _planner
 from .load_planner import LoadPlanner
+from .metadata_read import UntrustedMetadataError
 from .planner import SavePlanner
 from .reader import FileSystemReader
+from .verify import CorruptCheckpointError
 from .writer import FileSystemWriter
 
 
@@ -39,4 +44,12 @@ def clear_plan_cache() -> None:
     _keyed.clear()
 
 
-__all__ = ["FileSystemReader", "FileSystemWriter", "LoadPlanner", "SavePlanner", "clear_plan_cache"]
+__all__ = [
+    "CorruptCheckpointError",
+    "FileSystemReader",
+    "FileSystemWriter",
+    "LoadPlanner",
+    "SavePlanner",
+    "UntrustedMetadataError",
+    "clear_plan_cache",
+]

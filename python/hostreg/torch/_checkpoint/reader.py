@@ -48,16 +48,30 @@ class FileSystemReader(_StockReader):
     is made of (``UntrustedMetadataError`` for anything else: unpickling it could run code),
     unless ``trusted=True``; entries whose file is not a plain file of the directory, or whose
     offsets are not byte counts, raise ``ValueError`` naming the item (``metadata_read.py``).
+
+    ``verify=True`` checks every byte of each file a load reads before reading from it (each
+    container's ZIP structure and each record's CRC-32, zeros between containers:
+    ``verify.py``, as ``hostreg verify`` does) and raises ``CorruptCheckpointError`` (a
+    ``ValueError``) naming the file, the tensor and the byte offset of each difference. The
+    files are then read through the page cache the check filled. ``.metadata`` written by
+    hostreg is checked against its CRC-32 at every load, verify or not.
     """
 
     def __init__(
-        self, path: str | os.PathLike, thread_count: int | None = None, *, direct_io: bool = True, trusted: bool = False
+        self,
+        path: str | os.PathLike,
+        thread_count: int | None = None,
+        *,
+        direct_io: bool = True,
+        trusted: bool = False,
+        verify: bool = False,
     ) -> None:
         super().__init__(path)
         check_threads(thread_count)
         self.thread_count = thread_count
         self.direct_io = direct_io
         self.trusted = trusted
+        self.verify = verify
         self.stats = IoStats()
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
@@ -66,6 +80,8 @@ class FileSystemReader(_StockReader):
 
     def _read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         self.stats = IoStats()
+        if self.verify:
+            self._verify({self.storage_data[r.storage_index].relative_path for r in plan.items})
         per_file: dict[str, tuple[list[Any], list[Any]]] = {}  # relative path -> (reads, their items' _StorageInfo)
         slow: list[Any] = []
         for req in plan.items:
@@ -84,6 +100,18 @@ class FileSystemReader(_StockReader):
         fut.set_result(None)
         return fut
 
+    def _verify(self, files: set[str]) -> None:
+        """``verify=True``: raises ``CorruptCheckpointError`` naming each problem (up to 20)
+        of ``files`` (every byte: ``verify.py``) before anything is read from them."""
+        from .verify import CorruptCheckpointError, Report, check_files
+
+        report = Report([], 0, 0, 0, [])
+        check_files(os.fspath(self.path), self._metadata, files, 0, report)
+        if report.problems:
+            shown = "; ".join(map(str, report.problems[:20]))
+            more = f" (and {len(report.problems) - 20} more)" if len(report.problems) > 20 else ""
+            raise CorruptCheckpointError(f"{os.fspath(self.path)} is not what was saved: {shown}{more}")
+
     def _transfer(self, fd: int, segments: list[tuple[int, int, int]]) -> None:
         segments.sort()
         seg = array.array("Q")
@@ -99,7 +127,7 @@ class FileSystemReader(_StockReader):
     def _read_file(self, path: str, reqs: list[Any], infos: list[Any], planner: LoadPlanner) -> list[Any]:
         """Serves ``reqs`` (``infos``: where each one's item lies) from one file; returns those
         left to DCP's reader."""
-        fd = _open(path, os.O_RDONLY, self.direct_io)
+        fd = _open(path, os.O_RDONLY, self.direct_io and not self.verify)  # verified: in the page cache
         try:
             _metadata_read.check_ranges(os.path.basename(path), os.fstat(fd).st_size, reqs, infos)
             return self._serve(fd, reqs, infos, planner)

@@ -33,6 +33,7 @@ from .files import (
     threads_for,
 )
 from .metadata_file import Results, metadata_bytes
+from .metadata_read import with_trailer
 from .parts import _FileLayout, _PartWriter
 
 _RANK_METADATA = re.compile(r"__\d+" + re.escape(METADATA))  # a rank's own, of a save without collectives
@@ -169,7 +170,7 @@ class FileSystemWriter(StorageWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         metadata.version = _DCP_VERSION
         metadata.storage_meta = self.storage_meta()
-        blob = metadata_bytes(metadata, results)  # sets metadata.storage_data
+        blob = with_trailer(metadata_bytes(metadata, results))  # sets metadata.storage_data
         final = self._own_metadata()
         tmp = final + ".tmp"
         with open(tmp, "wb") as f:
