@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -139,8 +141,17 @@ void* hostregStagingBufferUserData(const hostregStagingBuffer* b) { return b ? c
 
 int hostregCopyBatch(void* const* dst, const void* const* src, const size_t* bytes, size_t n, unsigned int threads) {
     if (n > 0 && (!dst || !src || !bytes)) return null_out("dst, src or bytes", __func__);
-    hostreg::copy_batch(dst, src, bytes, n, threads);
-    return hostregSuccess;
+    const size_t bad = hostreg::copy_batch(dst, src, bytes, n, threads);
+    if (bad == SIZE_MAX) return hostregSuccess;
+    char where[160];
+    std::snprintf(where, sizeof where, "buffer %zu (%zu bytes from %p to %p) faulted while it was copied", bad,
+                  bytes[bad], src[bad], dst[bad]);
+    return record(Status::error(hostregErrorInvalidValue,
+                                std::string(where) +
+                                    ": its memory was unmapped meanwhile (a tensor's storage freed or resized while "
+                                    "it was being staged?); nothing was read from it after that")
+                      .blame_environment(),
+                  __func__);
 }
 
 int hostregGroupRanges(size_t n, const uint64_t* key, const uint32_t* domain, const uint64_t* first,

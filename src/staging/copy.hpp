@@ -8,6 +8,8 @@ namespace hostreg {
 
 // memcpy(dst[i], src[i], bytes[i]) for i < n, using up to `threads` threads (0: the
 // hardware's count) when the total is large enough to gain from them. Ranges must not overlap.
-void copy_batch(void* const* dst, const void* const* src, const size_t* bytes, size_t n, unsigned threads);
+// Returns SIZE_MAX, or the index of a buffer whose memory faulted (SIGSEGV or SIGBUS: unmapped
+// meanwhile); that share of the copy stopped there, the others ran to their end.
+size_t copy_batch(void* const* dst, const void* const* src, const size_t* bytes, size_t n, unsigned threads);
 
 }  // namespace hostreg

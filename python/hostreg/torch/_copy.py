@@ -22,9 +22,19 @@ from typing import Any
 import torch
 
 from .. import _hostreg
+from .._core import last_error
+from .._errors import StagingError
 from ._dtensor import local_of
 from ._layout import Grouping, group, is_cpu
 from ._sources import _apart, _check_sources, _extent, _leaf_key, _span_ptrs, _views, refuse_overlap
+
+
+def copy_batch(dst: list[int], src: list[int], nbytes: list[int], threads: int) -> None:
+    """``hostregCopyBatch`` over these addresses; :class:`StagingError` (naming the buffer)
+    where one's memory was unmapped during the copy (a source's storage freed or resized by
+    another thread meanwhile): the C core survives the fault and says so."""
+    if _hostreg.copy_batch(dst, src, nbytes, threads) != 0:
+        raise StagingError(f"a staging copy failed: {last_error().message}")
 
 
 class CopyPlan:
@@ -119,7 +129,7 @@ class CopyPlan:
             raise ValueError(f"source has {len(src)} tensors, destination {len(self.ids)}")
         replay = self._replay
         if key is not None and replay is not None and replay[0] == key:
-            _hostreg.copy_batch(replay[1], replay[2], replay[3], threads)
+            copy_batch(replay[1], replay[2], replay[3], threads)
             return
         self._replay = None
         dlocals = self._dst_locals()
@@ -196,7 +206,7 @@ class CopyPlan:
             )
             batch = [cpu[k] for k in keep]
             lists = ([self.dptrs[s] for s in batch], [sptrs[s] for s in batch], [nbytes[s] for s in batch])
-        _hostreg.copy_batch(*lists, threads)
+        copy_batch(*lists, threads)
         if len(cpu) == len(nbytes):
             return lists
         on_cpu = set(cpu)
@@ -261,7 +271,7 @@ class CopyPlan:
                 d.copy_(s, non_blocking=not s.is_cpu)
                 if not s.is_cpu:
                     devices.add(s.device)
-        _hostreg.copy_batch(
+        copy_batch(
             [dlocals[i].data_ptr() for i in batch],
             [slocals[i].data_ptr() for i in batch],
             [dlocals[i].nbytes for i in batch],

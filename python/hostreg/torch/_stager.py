@@ -31,6 +31,20 @@ from ._layout import Flat, Prepared, check_flat, flatten_checked, layout_of, nby
 from ._slots import SlotPool
 from ._sources import source_key
 
+_CHANGED = (
+    "a source tensor's storage was freed, resized or replaced while it was being staged: nothing was "
+    "staged; leave the sources alone until the staging future is done, and stage again"
+)
+
+
+def _changed(tensors: list, key: tuple) -> bool:
+    """Do ``tensors`` no longer lie where, or look as, ``key`` (their :func:`source_key` at
+    the stage's start) says?"""
+    try:
+        return source_key(tensors) != key
+    except Exception:  # no address or sizes any more
+        return True
+
 
 class Stager:
     """DCP ``AsyncStager`` that stages into reusable hostreg arenas.
@@ -211,27 +225,46 @@ class Stager:
                     flat, key = self._flatten_now(state_dict)
                 else:
                     key = source_key(flat[0])
-                grouping = None  # the sources' grouping, when the layout is known to be theirs now
-                if prepared is None:
-                    prepared = self._layout_for(state_dict, flat, key)
-                    grouping = prepared[0].grouping
-            buf = self._pool.acquire(
-                prepared,
-                max_buffers=self.max_buffers,
-                wait_timeout_s=self.wait_timeout_s,
-                pin_memory=self.pin_memory,
-                share_memory=self.share_memory,
-                closed=lambda: self._closed,
-            )  # may wait for a buffer: the collector stays on
-            tensors, values = prepared[1], prepared[2]
-            if ready is not None and self._stream is not None:
-                self._stream.wait_event(ready)
-            with collector_paused():
-                # acquire() has just seen the buffer's storages unmoved, under the pool lock
-                # _layout_for's grouping is these sources' (computed from them now, or from sources
-                # of an equal key); a layout the caller's thread made earlier may be older than them
-                buf.plan.copy(tensors, stream=self._stream, checked=True, key=key, grouping=grouping, src_key=key)
-                return buf.issue(values)
+            try:
+                return self._stage_as(state_dict, ready, flat, key, prepared)
+            except StagingError:
+                raise
+            except Exception as e:  # a layout or a view of sources that the caller changed meanwhile
+                if self.async_staging and _changed(flat[0], key):
+                    raise StagingError(_CHANGED) from e
+                raise
+
+    def _stage_as(
+        self, state_dict: dict[str, Any], ready: Any, flat: Flat, key: tuple, prepared: Prepared | None
+    ) -> dict[str, Any]:
+        """The stage of ``state_dict`` (``flat``) whose sources' :func:`source_key` is ``key``,
+        under the pool lock."""
+        with collector_paused():
+            grouping = None  # the sources' grouping, when the layout is known to be theirs now
+            if prepared is None:
+                prepared = self._layout_for(state_dict, flat, key)
+                grouping = prepared[0].grouping
+        buf = self._pool.acquire(
+            prepared,
+            max_buffers=self.max_buffers,
+            wait_timeout_s=self.wait_timeout_s,
+            pin_memory=self.pin_memory,
+            share_memory=self.share_memory,
+            closed=lambda: self._closed,
+        )  # may wait for a buffer: the collector stays on
+        tensors, values = prepared[1], prepared[2]
+        if ready is not None and self._stream is not None:
+            self._stream.wait_event(ready)
+        with collector_paused():
+            # acquire() has just seen the buffer's storages unmoved, under the pool lock
+            # _layout_for's grouping is these sources' (computed from them now, or from sources
+            # of an equal key); a layout the caller's thread made earlier may be older than them
+            buf.plan.copy(tensors, stream=self._stream, checked=True, key=key, grouping=grouping, src_key=key)
+            if self.async_staging and _changed(tensors, key):
+                # The caller's threads ran meanwhile: a source freed, resized or replaced (its
+                # memory unmapped mid-copy is a StagingError of the copy itself).
+                raise StagingError(_CHANGED)
+            return buf.issue(values)
 
     def _flatten_now(self, state_dict: dict[str, Any]) -> tuple[Flat, tuple]:
         """(flattened, source_key) of a state dict staged on the caller's thread. Sources of the

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ... import _hostreg
+from .._copy import copy_batch
 from .._layout import dtype_of, is_cpu
 from . import container_read as _container
 from .files import _address
@@ -147,5 +147,5 @@ def serve_whole(buf: Any, base: int, idx: list[int], infos: list[Any], at: dict[
             src.append(base + where + data)
             nbytes.append(pat.nbytes)
     if dst:
-        _hostreg.copy_batch(dst, src, nbytes, 0)
+        copy_batch(dst, src, nbytes, 0)  # StagingError where a destination went away meanwhile
     return [i for i in idx if i not in served]
