@@ -89,33 +89,34 @@ _TRAILER = struct.Struct("<4sIQ4s")
 _MAGIC = b"HRMD"
 
 
-def crc32(data: bytes) -> int:
-    """zlib's CRC-32 of ``data``, by the C core (libdeflate: a few ms for a 65,536-tensor
-    .metadata, where zlib.crc32 takes about 12 ms)."""
-    if len(data) < 1 << 16:
-        return zlib.crc32(data)
+def crc32(data: bytes, n: int | None = None) -> int:
+    """zlib's CRC-32 of the first ``n`` bytes of ``data`` (all: None), by the C core
+    (libdeflate: a few ms for a 65,536-tensor .metadata, where zlib.crc32 takes about 12 ms),
+    without copying them."""
+    n = len(data) if n is None else n
+    if n < 1 << 16:
+        return zlib.crc32(memoryview(data)[:n])
     address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0  # data's own bytes, not a copy
-    code, got = _hostreg.crc32_batch([address], [len(data)], 0)
+    code, got = _hostreg.crc32_batch([address], [n], 0)
     if code != 0:
         raise MemoryError("no memory to checksum .metadata")
     return got[0]
 
 
-def with_trailer(blob: bytes) -> bytes:
-    """``blob`` (a pickle) followed by its trailer."""
-    return blob + _TRAILER.pack(_MAGIC, crc32(blob), len(blob), _MAGIC)
+def trailer(blob: bytes) -> bytes:
+    """The trailer that follows ``blob`` (a pickle) in the file."""
+    return _TRAILER.pack(_MAGIC, crc32(blob), len(blob), _MAGIC)
 
 
-def split_trailer(raw: bytes) -> tuple[bytes, bool | None]:
-    """(the pickle, whether its CRC-32 is the trailer's: True, False, or None where ``raw``
-    has no trailer: not written by hostreg)."""
+def split_trailer(raw: bytes) -> tuple[int, bool | None]:
+    """(the pickle's length, whether its CRC-32 is the trailer's: True, False, or None where
+    ``raw`` has no trailer: not written by hostreg)."""
     if len(raw) < _TRAILER.size:
-        return raw, None
+        return len(raw), None
     magic, crc, n, end = _TRAILER.unpack_from(raw, len(raw) - _TRAILER.size)
     if magic != _MAGIC or end != _MAGIC or n != len(raw) - _TRAILER.size:
-        return raw, None
-    body = raw[:n]
-    return body, crc32(body) == crc
+        return len(raw), None
+    return n, crc32(raw, n) == crc
 
 
 def load_metadata(path: str, trusted: bool) -> Any:
@@ -123,12 +124,12 @@ def load_metadata(path: str, trusted: bool) -> Any:
     ``pickle`` when ``trusted``. ``FileNotFoundError`` when it is missing (DCP's load then
     looks for a rank's own), :class:`UntrustedMetadataError` when it is empty, truncated, not
     a pickle, not a ``Metadata``, or names another type, or where hostreg wrote it (a
-    trailer after the pickle, :func:`with_trailer`) and its CRC-32 differs."""
+    trailer after the pickle, :func:`trailer`) and its CRC-32 differs."""
     from torch.distributed.checkpoint.metadata import Metadata
 
     with open(path, "rb") as f:
         raw = f.read()
-    raw, intact = split_trailer(raw)
+    n, intact = split_trailer(raw)
     if intact is False:
         raise UntrustedMetadataError(f"{path} is damaged: its bytes do not have the CRC-32 its writer gave them")
     stream = io.BytesIO(raw)
@@ -139,8 +140,8 @@ def load_metadata(path: str, trusted: bool) -> Any:
     except Exception as e:  # EOFError, UnpicklingError, and whatever a damaged pickle raises
         what = "empty" if not raw else f"not a whole pickle ({type(e).__name__}: {e})"
         raise UntrustedMetadataError(f"{path} is {what}: not a DCP checkpoint's metadata") from e
-    if stream.tell() != len(raw):  # bytes after the pickle, and not a whole trailer of hostreg's
-        raise UntrustedMetadataError(f"{path} is damaged: {len(raw) - stream.tell():,} bytes follow its pickle")
+    if stream.tell() != n:  # bytes after the pickle, and not a whole trailer of hostreg's
+        raise UntrustedMetadataError(f"{path} is damaged: {n - stream.tell():,} bytes follow its pickle")
     if not isinstance(got, Metadata):
         raise UntrustedMetadataError(f"{path} holds a {type(got).__name__}, not DCP's Metadata")
     return got

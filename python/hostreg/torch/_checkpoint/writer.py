@@ -33,7 +33,7 @@ from .files import (
     threads_for,
 )
 from .metadata_file import Results, metadata_bytes
-from .metadata_read import with_trailer
+from .metadata_read import trailer
 from .parts import _FileLayout, _PartWriter
 
 _RANK_METADATA = re.compile(r"__\d+" + re.escape(METADATA))  # a rank's own, of a save without collectives
@@ -170,11 +170,12 @@ class FileSystemWriter(StorageWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         metadata.version = _DCP_VERSION
         metadata.storage_meta = self.storage_meta()
-        blob = with_trailer(metadata_bytes(metadata, results))  # sets metadata.storage_data
+        blob = metadata_bytes(metadata, results)  # sets metadata.storage_data
         final = self._own_metadata()
         tmp = final + ".tmp"
         with open(tmp, "wb") as f:
             f.write(blob)
+            f.write(trailer(blob))  # its CRC-32, after the pickle (metadata_read.py)
             if self.sync_files:
                 f.flush()
                 os.fsync(f.fileno())
