@@ -399,3 +399,14 @@ def test_requires_grad_set_on_a_staged_tensor_reaches_the_metadata(tmp_path: Pat
         del staged
     md = dcp.FileSystemReader(tmp_path / "second").read_metadata()
     assert md.state_dict_metadata["a"].properties.requires_grad
+
+
+@pytest.mark.parametrize("big", [0, 70_000, 200_000])
+def test_a_prefix_cut_from_frames_or_not_unpickles_whole(big: int):
+    """The prefix's last frame is shortened by the bytes cut; a pickle with a bytes object
+    written outside any frame (64 KiB or more) is pickled again without frames."""
+    from hostreg.torch._checkpoint.metadata_file import _cut_frames
+
+    obj = {"a": list(range(20_000)), "b": b"x" * big, "c": "end"}
+    raw = pickle.dumps(obj, protocol=4)
+    assert pickle.loads(_cut_frames(raw, 1) + b".") == obj  # cut the STOP, put it back

@@ -8,12 +8,14 @@ structure saved before, with the same global plan and the same fixed parts on ev
 
 - the prefix, once: the ``Metadata`` with its fields in the order ``state_dict_metadata``,
   ``planner_data``, ``version`` (and any other field torch adds), then ``storage_data`` holding
-  the fixed parts' entries; pickled with protocol 3 (no framing) and cut before its last three
-  opcodes (``SETITEMS`` of the object's state, ``BUILD``, ``STOP``);
+  the fixed parts' entries; pickled with protocol 4 (in frames of 64 KiB) and cut before its
+  last three opcodes (``SETITEMS`` of the object's state, ``BUILD``, ``STOP``), the last
+  frame's length shortened to match;
 - the suffix, at each save: ``MARK``, the other ``storage_data`` entries, ``SETITEMS`` (into the
   dict the prefix left on top of the stack), then the key ``storage_meta`` and its value, then
-  the three opcodes cut. It is pickled in the pickler's fast mode (no memo), so that it
-  neither reads nor overwrites the prefix's memo.
+  the three opcodes cut, outside any frame (protocol 4 allows opcodes between and after
+  frames). It is pickled in the pickler's fast mode (no memo), so that it neither reads nor
+  overwrites the prefix's memo.
 
 The result unpickles to the same ``Metadata`` as ``pickle.dump`` of it would (the opcodes are
 Python's pickle protocol, ``Lib/pickletools.py``); DCP's stock reader reads it as any other.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import struct
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -92,10 +95,31 @@ def _make_prefix(fields: dict[str, Any], fixed: list[list]) -> _Prefix:
     pre = Metadata.__new__(Metadata)
     pre.__dict__.update(state)
     with collector_paused():  # a reduce tuple per object pickled: no full collections over them meanwhile
-        raw = pickle.dumps(pre, protocol=3)
+        raw = pickle.dumps(pre, protocol=4)
     if len(state) < 2 or not raw.endswith(_CUT):
         raise AssertionError("unexpected pickle of Metadata")  # the state is a dict of 2+ items
-    return _Prefix(fields, fixed, storage_data, raw[: -len(_CUT)])
+    return _Prefix(fields, fixed, storage_data, _cut_frames(raw, len(_CUT)))
+
+
+_FRAME = struct.Struct("<BQ")  # protocol 4's FRAME opcode (0x95) and the frame's length
+
+
+def _cut_frames(raw: bytes, cut: int) -> bytes:
+    """``raw`` (a protocol 4 pickle) without its last ``cut`` bytes, the last frame's length
+    shortened to match. Frames let an unpickler read a file 64 KiB at a time (a restricted
+    ``pickle.Unpickler`` reads an unframed file an opcode at a time: twice as slow). Where the
+    pickle is not frames end to end (a large bytes object is written outside any frame), it is
+    pickled again unframed, with protocol 3."""
+    at, last = 2, -1
+    while at < len(raw) and raw[at] == 0x95:
+        last = at
+        at += _FRAME.size + _FRAME.unpack_from(raw, at)[1]
+    if at != len(raw) or last < 0 or _FRAME.unpack_from(raw, last)[1] < cut:
+        raw = pickle.dumps(pickle.loads(raw), protocol=3)
+        return raw[:-cut]
+    head = bytearray(raw[:-cut])
+    _FRAME.pack_into(head, last, 0x95, _FRAME.unpack_from(raw, last)[1] - cut)
+    return bytes(head)
 
 
 _KEEP = 2
@@ -111,7 +135,7 @@ def metadata_bytes(metadata: Metadata, results: list[list]) -> bytes:
     if any(f is None for f in fixed):
         metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
         with collector_paused():
-            return pickle.dumps(metadata, protocol=3)
+            return pickle.dumps(metadata, protocol=4)
     fields = _shape(metadata)
     key = (*map(id, fields.values()), *map(id, fixed))
     with _lock:
