@@ -74,8 +74,10 @@ HOSTREG_API int hostregPrepareMemory(void* ptr, size_t bytes, int fd);
  * A buffer whose memory is unmapped during the copy (SIGSEGV, SIGBUS) does not end the
  * process: the copy answers 1 naming it (the other buffers may be partly copied). For that,
  * the first call installs process-wide SIGSEGV and SIGBUS handlers that jump back into the
- * copy when the fault is there, and otherwise do what the handlers before them did. Returns
- * 0, or 1 when n > 0 and an array is NULL, or a buffer faulted. */
+ * copy when the fault is there, and otherwise do what the handlers before them did (a
+ * handler installed later, such as Python's faulthandler enabled afterwards, or
+ * ThreadSanitizer's, takes the fault first: the guard then does not apply). Returns 0, or 1
+ * when n > 0 and an array is NULL, or a buffer faulted. */
 HOSTREG_API int hostregCopyBatch(void* const* dst, const void* const* src, const size_t* bytes, size_t n,
                                  unsigned int threads);
 
