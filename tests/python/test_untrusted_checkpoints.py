@@ -201,3 +201,33 @@ def test_the_untouched_checkpoint_loads(ckpt: Path):
     want = state()
     assert torch.equal(out["a"], want["a"]) and torch.equal(out["b"], want["b"]) and out["n"] == 5
     assert out["blob"].getvalue() == b"bytes"
+
+
+def _getattr_pickle(module: str, cls: str, name: str) -> bytes:
+    """A pickle of ``getattr(module.cls, name)``, as Python 3.11.2 pickles an enum member."""
+    return (
+        b"\x80\x02cbuiltins\ngetattr\nc"
+        + f"{module}\n{cls}\n".encode()
+        + b"X"
+        + len(name).to_bytes(4, "little")
+        + name.encode()
+        + b"\x86R."
+    )
+
+
+def test_an_enum_member_by_name_loads_and_nothing_else_does():
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    from hostreg.torch._checkpoint.metadata_read import MetadataUnpickler
+
+    def load(raw: bytes):
+        return MetadataUnpickler(io.BytesIO(raw), "x").load()
+
+    mod = "torch.distributed.checkpoint.metadata"
+    assert (
+        load(_getattr_pickle(mod, "_MEM_FORMAT_ENCODING", "TORCH_CHANNELS_LAST"))
+        is _MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST
+    )
+    for cls, name in [("Metadata", "__init__"), ("_MEM_FORMAT_ENCODING", "__class__"), ("_MEM_FORMAT_ENCODING", "mro")]:
+        with pytest.raises(UntrustedMetadataError):
+            load(_getattr_pickle(mod, cls, name))

@@ -19,6 +19,7 @@ overlaps.
 from __future__ import annotations
 
 import ctypes
+import enum
 import io
 import os
 import pickle
@@ -69,6 +70,8 @@ class MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return self._member  # an enum member by name, as some Pythons pickle them
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise UntrustedMetadataError(
@@ -76,6 +79,14 @@ class MetadataUnpickler(pickle.Unpickler):
             "since unpickling it could run code. Pass trusted=True to hostreg.torch.FileSystemReader "
             "only for a checkpoint whose origin you trust."
         )
+
+    def _member(self, cls: Any, name: Any) -> Any:
+        """``getattr(cls, name)`` where ``cls`` is an enum class of the allow-list (itself
+        found through :meth:`find_class`) and ``name`` one of its members (Python 3.11.2
+        pickles ``_MEM_FORMAT_ENCODING`` members so); anything else is refused."""
+        if isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str) and name in cls.__members__:
+            return cls[name]
+        raise UntrustedMetadataError(f"{self.source} asks for attribute {name!r} of {cls!r}: not an enum member")
 
     def persistent_load(self, pid: Any) -> Any:
         raise UntrustedMetadataError(f"{self.source} holds a persistent id, which DCP's metadata has none of")
