@@ -76,7 +76,8 @@ HOSTREG_API int hostregPrepareMemory(void* ptr, size_t bytes, int fd);
  * the first call installs process-wide SIGSEGV and SIGBUS handlers that jump back into the
  * copy when the fault is there, and otherwise do what the handlers before them did (a
  * handler installed later, such as Python's faulthandler enabled afterwards, or
- * ThreadSanitizer's, takes the fault first: the guard then does not apply). Returns 0, or 1
+ * ThreadSanitizer's, takes the fault first: the guard then does not apply; nor under
+ * qemu-user emulation). Returns 0, or 1
  * when n > 0 and an array is NULL, or a buffer faulted. */
 HOSTREG_API int hostregCopyBatch(void* const* dst, const void* const* src, const size_t* bytes, size_t n,
                                  unsigned int threads);

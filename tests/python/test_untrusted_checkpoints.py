@@ -10,6 +10,9 @@ import dataclasses
 import io
 import os
 import pickle
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -231,3 +234,114 @@ def test_an_enum_member_by_name_loads_and_nothing_else_does():
     for cls, name in [("Metadata", "__init__"), ("_MEM_FORMAT_ENCODING", "__class__"), ("_MEM_FORMAT_ENCODING", "mro")]:
         with pytest.raises(UntrustedMetadataError):
             load(_getattr_pickle(mod, cls, name))
+
+
+def test_a_bytes_item_that_would_run_code_is_refused_before_it_runs(tmp_path: Path):
+    """DCP's planners torch.load bytes items with weights_only=False: the reader first holds
+    them to weights_only=True (not trusted)."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "c"
+    dcp.save(
+        {"a": torch.ones(3), "step": RunsCode(str(marker))}, storage_writer=ht.FileSystemWriter(path), no_dist=True
+    )
+    assert not marker.exists()  # pickling it ran nothing
+    dest = {"a": torch.zeros(3), "step": 0}
+    with pytest.raises(BaseException, match="step: its bytes item holds what torch.load"):
+        dcp.load(dest, storage_reader=ht.FileSystemReader(path), planner=ht.LoadPlanner(), no_dist=True)
+    assert not marker.exists()
+    out = destination()
+    dcp.load(out, storage_reader=ht.FileSystemReader(ckpt_of(tmp_path)), no_dist=True)  # BytesIO, ints: admitted
+    assert out["blob"].getvalue() == b"bytes" and out["n"] == 5
+
+
+def ckpt_of(tmp_path: Path) -> Path:
+    path = tmp_path / "plain"
+    dcp.save(state(), storage_writer=ht.FileSystemWriter(path), no_dist=True)
+    return path
+
+
+HOSTILE_CONTAINER = textwrap.dedent(
+    """
+    import collections, dataclasses, io, os, pickle, struct, sys, warnings, zipfile
+    import torch, torch.distributed.checkpoint as dcp, hostreg.torch as ht
+    warnings.filterwarnings("ignore")
+    path = sys.argv[1]
+    # A ZIP whose data.pkl puts the tensor 1e9 elements into its storage, and whose central
+    # directory says data/0 holds 4 GB: it lies far past the container.
+    class St: pass
+    class T:
+        def __reduce__(self):
+            return (torch._utils._rebuild_tensor_v2, (St(), 10**9 - 16, (16,), (1,), False, collections.OrderedDict()))
+    class P(pickle.Pickler):
+        def persistent_id(self, o):
+            return ("storage", torch.FloatStorage, "0", "cpu", 10**9) if isinstance(o, St) else None
+    pk = io.BytesIO(); P(pk, protocol=2).dump(T())
+    zb = io.BytesIO()
+    with zipfile.ZipFile(zb, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pk.getvalue())
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/data/0", b"\\0" * 64)
+        z.writestr("archive/version", "3\\n")
+    b = bytearray(zb.getvalue())
+    cd = b.find(b"archive/data/0", b.find(b"PK\\x01\\x02")) - 46
+    struct.pack_into("<II", b, cd + 20, 0xFFFFFFF0, 0xFFFFFFF0)
+    dcp.save({"w": torch.arange(16.0)}, storage_writer=ht.FileSystemWriter(path), no_dist=True)
+    md = pickle.load(open(os.path.join(path, ".metadata"), "rb"))
+    (k, info), = md.storage_data.items()
+    open(os.path.join(path, info.relative_path), "wb").write(bytes(b))
+    md.storage_data = {k: dataclasses.replace(info, offset=0, length=len(b))}
+    pickle.dump(md, open(os.path.join(path, ".metadata"), "wb"))
+    try:
+        dcp.load({"w": torch.zeros(16)}, storage_reader=ht.FileSystemReader(path), planner=ht.LoadPlanner(), no_dist=True)
+    except BaseException as e:
+        print("refused", type(e).__name__)
+    else:
+        print("loaded")
+    """
+)
+
+
+def test_a_container_whose_tensor_lies_past_it_is_an_error_not_a_crash(tmp_path: Path):
+    r = subprocess.run(
+        [sys.executable, "-c", HOSTILE_CONTAINER, str(tmp_path / "c")], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0 and "refused" in r.stdout, f"exit {r.returncode}: {r.stdout} {r.stderr[-2000:]}"
+
+
+def test_a_fifo_in_place_of_a_data_file_is_refused_not_waited_for(ckpt: Path):
+    data = ckpt / "__0_0.distcp"
+    data.unlink()
+    os.mkfifo(data)
+    err = load_error(ckpt)  # never opened: a FIFO would block the open
+    assert "ValueError" in err and "is not a file of" in err, err
+
+
+def test_a_pickle_that_sets_attributes_of_an_allowed_class_is_refused_and_undone(ckpt: Path):
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    init = Metadata.__init__
+    legit = pickle.dumps(metadata(ckpt), protocol=2)
+    evil = (
+        (
+            b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\n"
+            b"N}X\x08\x00\x00\x00__init__ctorch\nSize\ns\x86b0"  # BUILD (None, {"__init__": torch.Size}) on the class
+        )
+        + legit[2:]
+    )
+    (ckpt / ".metadata").write_bytes(evil)
+    err = load_error(ckpt)
+    assert "sets attributes of" in err, err
+    assert Metadata.__init__ is init
+
+
+def test_a_checkpoint_of_the_old_flattening_is_planned_as_dcp_plans_it(tmp_path: Path):
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    path = tmp_path / "c"
+    dcp.save({"w": torch.ones(2), "opt": 5, "opt.lr": 0.1}, storage_writer=ht.FileSystemWriter(path), no_dist=True)
+    got = []
+    for planner in (DefaultLoadPlanner(), ht.LoadPlanner()):
+        dest = {"w": torch.zeros(2), "opt": {"lr": 0.0}}
+        dcp.load(dest, storage_reader=ht.FileSystemReader(path), planner=planner, no_dist=True)
+        got.append(dest["opt"])
+    assert got[0] == got[1]

@@ -208,7 +208,15 @@ def written_by_hostreg(
 
 def parse(head: bytes | bytearray, tail: bytes | bytearray, length: int) -> Stored | None:
     """The tensor of a container from its first and last bytes (``length`` in all), or None
-    when they do not suffice or it is not a plain contiguous tensor (then torch.load it)."""
+    when they do not suffice, are damaged, or it is not a plain contiguous tensor whose
+    storage lies within the container (then torch.load it)."""
+    try:
+        return _parse(head, tail, length)
+    except (struct.error, UnicodeDecodeError, ValueError, IndexError):
+        return None  # damaged: DCP's reader (torch.load) says what it makes of it
+
+
+def _parse(head: bytes | bytearray, tail: bytes | bytearray, length: int) -> Stored | None:
     records = parse_tail(tail, length)
     if (
         records is None
@@ -234,4 +242,6 @@ def parse(head: bytes | bytearray, tail: bytes | bytearray, length: int) -> Stor
         return None
     if offset + count > numel or numel * dtype.itemsize > records["data/0"][1]:
         return None
+    if data + numel * dtype.itemsize > length or offset < 0:
+        return None  # the storage does not lie within the container: not one DCP wrote
     return Stored(data, dtype, shape, offset)

@@ -131,6 +131,24 @@ def destinations(planner: Any, items: list[ReadItem]) -> list[torch.Tensor | Non
     return out
 
 
+def _flattened_as_before_2_4(state_dict: Any, missing: set) -> bool:
+    """Would DCP's ``DefaultLoadPlanner.create_local_plan`` switch to the flattening of torch
+    <= 2.3 for a checkpoint that has keys ``missing`` the (flattened) state dict lacks: does
+    that flattening of ``state_dict`` give any of them? (Its own test, torch 2.13
+    default_planner.py; True where the installed torch has no such flattening: DCP decides.)"""
+    try:
+        from torch.distributed.checkpoint import _version
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    except ImportError:
+        return True
+    _version._derived_version = "2_3"
+    try:
+        old, _ = flatten_state_dict(state_dict)
+    finally:
+        _version._derived_version = None
+    return not old.keys().isdisjoint(missing)
+
+
 class LoadPlanner(DefaultLoadPlanner):
     """DCP's ``DefaultLoadPlanner`` with a local plan made without its resharding code where a
     tensor is read whole (see the module docstring); the same read items, the same errors
@@ -161,8 +179,11 @@ class LoadPlanner(DefaultLoadPlanner):
         if md is None:
             raise AssertionError("self.metadata is not None")
         stored = md.state_dict_metadata
-        if self.flatten_state_dict and not stored.keys() >= self.state_dict.keys():
-            return super().create_local_plan()  # DCP's handling of checkpoints from before torch 2.4
+        missing = stored.keys() - self.state_dict.keys() if self.flatten_state_dict else None
+        if missing and _flattened_as_before_2_4(self.original_state_dict, missing):
+            # DCP's test for a checkpoint of torch <= 2.3 (keys it has that the state dict lacks
+            # are keys of the old flattening): its own code switches and plans.
+            return super().create_local_plan()
         if _factory is None:
             _factory = _ItemFactory()
         whole = _factory.whole

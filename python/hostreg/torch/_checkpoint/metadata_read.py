@@ -18,11 +18,13 @@ overlaps.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import io
 import os
 import pickle
+import stat
 import struct
 import zlib
 from typing import Any
@@ -72,8 +74,8 @@ class MetadataUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if (module, name) == ("builtins", "getattr"):
             return self._member  # an enum member by name, as some Pythons pickle them
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
+        if module == "torch" and isinstance(vars(torch).get(name), torch.dtype):  # no import, no property run
+            return vars(torch)[name]
         raise UntrustedMetadataError(
             f"{self.source} names {module}.{name}, which DCP's metadata is not made of: not loaded, "
             "since unpickling it could run code. Pass trusted=True to hostreg.torch.FileSystemReader "
@@ -130,6 +132,46 @@ def split_trailer(raw: bytes) -> tuple[int, bool | None]:
     return n, crc32(raw, n) == crc
 
 
+def _guarded() -> list[Any]:
+    """The objects of the allow-list whose attributes a pickle's BUILD could set (Python
+    classes and functions, and the enum's members; torch.Size and OrderedDict are C types)."""
+    import importlib
+
+    out: list[Any] = []
+    for module, name in _ALLOWED:
+        obj = getattr(importlib.import_module(module), name)
+        if hasattr(obj, "__dict__"):
+            out.append(obj)
+        if isinstance(obj, type) and issubclass(obj, enum.Enum):
+            out += list(obj)
+    return out
+
+
+@contextlib.contextmanager
+def _unchanged(source: str) -> Any:
+    """Unpickling inside: a BUILD aimed at a class or function of the allow-list itself (not
+    at an instance) would set its attributes, for the whole process. Each is compared with
+    its attributes before, put back as it was, and the load refused."""
+    guarded = _guarded()
+    before = [dict(vars(obj)) for obj in guarded]
+    try:
+        yield
+    finally:
+        changed = []
+        for obj, was in zip(guarded, before):
+            now = vars(obj)
+            if now.keys() == was.keys() and all(now[k] is v for k, v in was.items()):
+                continue
+            changed.append(obj)
+            for k in [k for k in now if k not in was]:
+                delattr(obj, k)
+            for k, v in was.items():
+                if k not in now or now[k] is not v:
+                    setattr(obj, k, v)
+        if changed:
+            raise UntrustedMetadataError(f"{source} sets attributes of {changed[0]!r}, not of an instance: refused")
+
+
 def load_metadata(path: str, trusted: bool) -> Any:
     """The ``Metadata`` pickled in file ``path``: with :class:`MetadataUnpickler`, or plain
     ``pickle`` when ``trusted``. ``FileNotFoundError`` when it is missing (DCP's load then
@@ -145,7 +187,11 @@ def load_metadata(path: str, trusted: bool) -> Any:
         raise UntrustedMetadataError(f"{path} is damaged: its bytes do not have the CRC-32 its writer gave them")
     stream = io.BytesIO(raw)
     try:
-        got = pickle.Unpickler(stream).load() if trusted else MetadataUnpickler(stream, path).load()
+        if trusted:
+            got = pickle.Unpickler(stream).load()
+        else:
+            with _unchanged(path):
+                got = MetadataUnpickler(stream, path).load()
     except UntrustedMetadataError:
         raise
     except Exception as e:  # EOFError, UnpicklingError, and whatever a damaged pickle raises
@@ -173,10 +219,7 @@ def check_storage(metadata: Any, directory: str) -> None:
         ok = names.get(rel) if isinstance(rel, str) else False
         if ok is None and isinstance(rel, str):
             ok = names[rel] = (
-                rel not in ("", ".", "..")
-                and os.sep not in rel
-                and "\0" not in rel
-                and not os.path.islink(os.path.join(directory, rel))
+                rel not in ("", ".", "..") and os.sep not in rel and "\0" not in rel and _plain(directory, rel)
             )
         if not ok:
             raise ValueError(f"{getattr(index, 'fqn', index)}: its file {rel!r} is not a file of {directory}")
@@ -184,6 +227,35 @@ def check_storage(metadata: Any, directory: str) -> None:
             raise ValueError(
                 f"{getattr(index, 'fqn', index)}: offset {off!r} and length {length!r} are not byte counts"
             )
+
+
+def _plain(directory: str, name: str) -> bool:
+    """Is ``name`` in ``directory`` a regular file (not a symbolic link, a FIFO, a device), or
+    missing (an error when it is opened, naming it)?"""
+    try:
+        return stat.S_ISREG(os.lstat(os.path.join(directory, name)).st_mode)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def check_bytes_item(key: str, raw: bytes) -> None:
+    """Raises :class:`UntrustedMetadataError` naming the item where the bytes item ``raw``
+    (``torch.save`` of a value) holds anything ``torch.load(weights_only=True)`` refuses: DCP's
+    planners load bytes items with ``weights_only=False``, which runs what the pickle names.
+    What it admits (numbers, strings, lists, dicts, tensors, ``io.BytesIO``, ...) names only
+    functions that build those, so the planner's own load of the same bytes runs nothing else."""
+    allow = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5; DCP saves BytesIO values so
+    try:
+        with allow([io.BytesIO]) if allow is not None else contextlib.nullcontext():
+            torch.load(io.BytesIO(raw), weights_only=True)
+    except Exception as e:
+        raise UntrustedMetadataError(
+            f"{key}: its bytes item holds what torch.load(weights_only=True) refuses ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}): not loaded, since unpickling it could run code. Pass "
+            "trusted=True to hostreg.torch.FileSystemReader only for a checkpoint whose origin you trust."
+        ) from e
 
 
 def check_ranges(name: str, size: int, reqs: list[Any], infos: list[Any]) -> None:

@@ -203,7 +203,10 @@ class FileSystemReader(_StockReader):
                     req, info = reqs[i], infos[i]
                     where = at[id(info)]
                     if req.type == byte_io:
-                        planner.load_bytes(req, io.BytesIO(bytes(buf[where : where + info.length])))
+                        raw = bytes(buf[where : where + info.length])
+                        if not self.trusted:
+                            _metadata_read.check_bytes_item(req.storage_index.fqn, raw)
+                        planner.load_bytes(req, io.BytesIO(raw))
                         continue
                     known = self._stored_as(req.storage_index)
                     st = None if known is None else _container.written_by_hostreg(buf, where, info.length, *known)
@@ -301,6 +304,11 @@ class FileSystemReader(_StockReader):
         )
         if whole is not None:
             buf, at = whole
+            if off - info.offset + nbytes > info.length:
+                raise ValueError(
+                    f"{req.storage_index.fqn}: its bytes would lie past its container ({info.relative_path}, byte "
+                    f"{info.offset}, {info.length} bytes): the container is damaged"
+                )
             at += off - info.offset
             if nbytes == 0:
                 return req, target, None
