@@ -1,11 +1,13 @@
 """Sources changed while an asynchronous stage copies them (the caller's thread runs on):
-storages freed (``untyped_storage().resize_(0)``), replaced (``set_``), tensors dropped and
-their memory reused by new ones. The process never crashes; each stage either succeeds with
+storages freed (``untyped_storage().resize_(0)``), tensors dropped and their memory reused by
+new ones. (Not ``set_``: replacing a tensor's storage while another thread reads the tensor is
+a data race inside PyTorch itself, whose tensors are not thread-safe; a CI run of this test
+with it crashed once outside hostreg's copy.) The process never crashes; each stage either succeeds with
 exactly the bytes the sources held or fails with a StagingError. Run in a fresh interpreter
 where glibc returns every freed block of 64 KiB or more to the kernel
 (``MALLOC_MMAP_THRESHOLD_``), so that a freed source's pages are unmapped and a copy of them
-faults, the case that crashed. (A source replaced before the copy begins is staged as it is
-then: the staging thread reads the state dict when it starts.)"""
+faults, the case that crashed. The child runs with faulthandler on: a crash shows every
+thread's stack."""
 
 from __future__ import annotations
 
@@ -33,11 +35,9 @@ RACES = textwrap.dedent(
                 fut = stager.stage(sd)
                 time.sleep(rng.uniform(0, 0.008))
                 victim = f"t{rng.randrange(K)}"
-                action = rng.choice(["resize", "set", "drop", "none"])
+                action = rng.choice(["resize", "drop", "none"])
                 if action == "resize":
                     sd[victim].untyped_storage().resize_(0)
-                elif action == "set":
-                    sd[victim].set_(torch.empty(0))
                 elif action == "drop":
                     del sd[victim]
                     reuse = [torch.full((N,), -1.0) for _ in range(2)]  # memory freed, taken again
@@ -51,8 +51,6 @@ RACES = textwrap.dedent(
                     got = staged[f"t{k}"]
                     if torch.equal(got, torch.full((N,), base + k)):
                         continue
-                    if action == "set" and f"t{k}" == victim and got.numel() == 0:
-                        continue  # replaced before the copy began: staged as it then was
                     wrong.append((seed, it, k, action, tuple(got.shape)))
                 del staged
                 with lock:
@@ -69,7 +67,7 @@ RACES = textwrap.dedent(
 
 
 def test_sources_freed_resized_or_reused_during_async_staging_never_crash():
-    r = run_python(RACES, env={"MALLOC_MMAP_THRESHOLD_": "65536"}, timeout=600)
+    r = run_python(RACES, env={"MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONFAULTHANDLER": "1"}, timeout=600)
     assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}"
     line = next(x for x in r.stdout.splitlines() if x.startswith("outcomes"))
     _, staged, refused, _, wrong, *_ = line.split(maxsplit=5)
