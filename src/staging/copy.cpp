@@ -29,7 +29,10 @@ namespace {
 constexpr size_t kMinBytesPerThread = size_t{8} << 20;  // below this a thread costs more than it gains
 constexpr size_t kPiece = size_t{256} << 10;
 
-thread_local sigjmp_buf* t_guard = nullptr;  // set while this thread copies
+// Set while this thread copies. Volatile, and fenced against the compiler below: the store
+// before the copy is otherwise dead to it (overwritten after the copy with no read between,
+// the handler's read being invisible to it), and clang removed it.
+thread_local sigjmp_buf* volatile t_guard = nullptr;
 struct sigaction g_before_segv, g_before_bus;
 std::once_flag g_installed;
 
@@ -70,7 +73,8 @@ size_t copy_span(void* const* dst, const void* const* src, const size_t* bytes, 
     volatile size_t at = SIZE_MAX;  // the buffer being copied (read after a jump back)
     if (sigsetjmp(env, 0) != 0) return at;
     t_guard = &env;
-    size_t start = 0;  // offset of buffer i in the concatenation
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // the guard is in place before any copy
+    size_t start = 0;                                     // offset of buffer i in the concatenation
     for (size_t i = 0; i < n && start < hi; start += bytes[i], ++i) {
         const size_t end = start + bytes[i];
         if (end <= lo) continue;
@@ -82,6 +86,7 @@ size_t copy_span(void* const* dst, const void* const* src, const size_t* bytes, 
             std::memcpy(static_cast<char*>(dst[i]) + (off - start), static_cast<const char*>(src[i]) + (off - start),
                         std::min(kPiece, b - off));
     }
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // every copy is done before the guard goes
     t_guard = nullptr;
     return SIZE_MAX;
 }

@@ -1,8 +1,9 @@
 """Sources changed while an asynchronous stage copies them (the caller's thread runs on):
 storages freed (``untyped_storage().resize_(0)``), tensors dropped and their memory reused by
 new ones. (Not ``set_``: replacing a tensor's storage while another thread reads the tensor is
-a data race inside PyTorch itself, whose tensors are not thread-safe; a CI run of this test
-with it crashed once outside hostreg's copy.) The process never crashes; each stage either succeeds with
+a data race inside PyTorch itself, whose tensors are not thread-safe. One CI run of this test
+with it among the actions crashed, exit -11 and no output, in 1 of 7 runs; where was not
+seen.) The process never crashes; each stage either succeeds with
 exactly the bytes the sources held or fails with a StagingError. Run in a fresh interpreter
 where glibc returns every freed block of 64 KiB or more to the kernel
 (``MALLOC_MMAP_THRESHOLD_``), so that a freed source's pages are unmapped and a copy of them
