@@ -1,14 +1,14 @@
 """Sources changed while an asynchronous stage copies them (the caller's thread runs on):
 storages freed (``untyped_storage().resize_(0)``), tensors dropped and their memory reused by
-new ones. (Not ``set_``: replacing a tensor's storage while another thread reads the tensor is
-a data race inside PyTorch itself, whose tensors are not thread-safe. One CI run of this test
-with it among the actions crashed, exit -11 and no output, in 1 of 7 runs; where was not
-seen.) The process never crashes; each stage either succeeds with
-exactly the bytes the sources held or fails with a StagingError. Run in a fresh interpreter
-where glibc returns every freed block of 64 KiB or more to the kernel
-(``MALLOC_MMAP_THRESHOLD_``), so that a freed source's pages are unmapped and a copy of them
-faults, the case that crashed. The child runs with faulthandler on: a crash shows every
-thread's stack."""
+new ones. The process never crashes; each stage either succeeds with exactly the bytes the
+sources held or fails with a StagingError. Run in a fresh interpreter where glibc returns
+every freed block of 64 KiB or more to the kernel (``MALLOC_MMAP_THRESHOLD_``), so that a
+freed source's pages are unmapped and a copy of them faults, the case that crashed; with
+faulthandler on, so that a crash shows every thread's stack. (Not ``set_``: replacing a
+tensor's storage while another thread reads the tensor is a data race inside PyTorch itself,
+whose tensors are not thread-safe. Two CI runs crashed in hostreg's copy: the clang-built
+wheel had dropped the store that arms the copy's fault guard as dead; it is volatile and
+fenced now.)"""
 
 from __future__ import annotations
 
