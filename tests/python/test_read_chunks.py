@@ -188,3 +188,45 @@ def test_a_planner_that_resolves_tensors_its_own_way_is_asked_for_every_item(tmp
     for i in range(5):
         assert torch.equal(elsewhere[f"model.w{i}"], sd["model"][f"w{i}"])
         assert not out["model"][f"w{i}"].any()
+
+
+@pytest.mark.parametrize("damage", ["descriptor size", "record name", "padding"])
+def test_a_container_unlike_its_run_is_served_apart(tmp_path: Path, monkeypatch, damage: str):
+    """40 containers of one dtype and shape lie back to back: the reader checks them as one run
+    (read_chunks._check_run). One of them changed where the run's comparison looks (its data
+    descriptor's size, its data record's name in the local header, the local header's padding)
+    is not served with the others but handed on (then parsed from its central directory,
+    which is intact); every tensor loads back exactly."""
+    sd = {f"w{i:02d}": torch.randn(64, generator=torch.Generator().manual_seed(i)) for i in range(40)}
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), no_dist=True)
+    md = ht.FileSystemReader(tmp_path).read_metadata()
+    info = next(v for k, v in md.storage_data.items() if k.fqn == "w20")
+    path = tmp_path / info.relative_path
+    raw = bytearray(path.read_bytes())
+    box = raw[info.offset : info.offset + info.length]
+    name = box.index(b"archive/data/0")  # the data record's name, after its local header
+    data = name + len("archive/data/0") + int.from_bytes(box[name - 2 : name], "little")
+    if damage == "descriptor size":
+        at = data + 64 * 4 + 8  # signature, CRC-32, then the compressed size
+        box[at : at + 4] = (256 + 1).to_bytes(4, "little")
+    elif damage == "record name":
+        box[name + len("archive/data/")] = ord("9")
+    else:
+        assert box[data - 1] == ord("Z")  # the writer pads the data record's extra field with Z
+        box[data - 1] = ord("Y")
+    raw[info.offset : info.offset + info.length] = box
+    path.write_bytes(bytes(raw))
+    handed_on: list[int] = []
+    serve = _chunks.serve_whole
+
+    def spy(buf, base, idx, infos, at, dests):
+        rest = serve(buf, base, idx, infos, at, dests)
+        handed_on.extend(infos[i].offset for i in rest)
+        return rest
+
+    monkeypatch.setattr(_chunks, "serve_whole", spy)
+    out = {k: torch.zeros(64) for k in sd}
+    dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner(), no_dist=True)
+    assert handed_on == [info.offset]
+    for k, v in sd.items():
+        assert torch.equal(out[k], v), k

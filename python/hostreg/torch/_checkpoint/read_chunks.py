@@ -112,7 +112,11 @@ def serve_whole(buf: Any, base: int, idx: list[int], infos: list[Any], at: dict[
     the planner's: a plain tensor read whole, else None) is a contiguous CPU tensor and whose
     container (``infos[i]``, at ``at[id(info)]`` in ``buf``, whose address is ``base``) is laid
     out as hostreg's writer lays out a tensor of that dtype and shape
-    (``container_read.data_offset``). Returns the items it did not serve."""
+    (``container_read.data_offset``). Returns the items it did not serve.
+
+    Runs of containers of one pattern and length that follow each other in ``buf`` (what the
+    writer makes of a model's layers) are checked at once (:func:`_check_run`); the others one
+    by one."""
     mine = [i for i in idx if dests[i] is not None]
     if not mine:
         return idx
@@ -125,27 +129,90 @@ def serve_whole(buf: Any, base: int, idx: list[int], infos: list[Any], at: dict[
         map(plain.is_conj, ts),
         map(plain.is_neg, ts),
     )
+    # The candidates, in buf's order: item, pattern, container offset in buf and length,
+    # destination address. The runs are cut from them.
+    items: list[int] = []
+    pats: list[Any] = []
+    wheres: list[int] = []
+    lengths: list[int] = []
+    ptrs: list[int] = []
+    pattern = _container.pattern
+    last: tuple = (None, None, None)  # (dtype, shape, pattern) of the item before: most repeat it
+    for i, good, dtype, shape, ptr in zip(mine, ok, map(dtype_of, ts), map(plain.size, ts), map(plain.data_ptr, ts)):
+        if not good:
+            continue
+        if dtype is last[0] and shape == last[1]:
+            pat = last[2]
+        else:
+            pat = pattern(dtype, shape)
+            last = (dtype, shape, pat)
+        if pat is None:
+            continue
+        info = infos[i]
+        items.append(i)
+        pats.append(pat)
+        wheres.append(at[id(info)])
+        lengths.append(info.length)
+        ptrs.append(ptr)
     served: set[int] = set()
     dst: list[int] = []
     src: list[int] = []
     nbytes: list[int] = []
-    pattern, data_offset = _container.pattern, _container.data_offset
-    for i, good, dtype, shape, ptr in zip(mine, ok, map(dtype_of, ts), map(plain.size, ts), map(plain.data_ptr, ts)):
-        if not good:
+    whole = None
+    n = len(items)
+    k = 0
+    data_offset = _container.data_offset
+    while k < n:
+        pat, where, length = pats[k], wheres[k], lengths[k]
+        end = k + 1
+        while end < n and pats[end] is pat and lengths[end] == length and wheres[end] == where + (end - k) * length:
+            end += 1
+        rel = data_offset(buf, where, length, pat)
+        good_rows = None
+        if end - k >= _RUN and rel >= 0:
+            if whole is None:
+                whole = torch.frombuffer(buf, dtype=torch.uint8)
+            good_rows = _check_run(whole[where : where + (end - k) * length].view(end - k, length), rel, pat)
+        if good_rows is not None and all(good_rows):  # the whole run at once
+            served.update(items[k:end])
+            if pat.nbytes:
+                dst += ptrs[k:end]
+                first = base + where + rel
+                src += range(first, first + (end - k) * length, length)
+                nbytes += [pat.nbytes] * (end - k)
+            k = end
             continue
-        pat = pattern(dtype, shape)
-        if pat is None:
-            continue
-        info = infos[i]
-        where = at[id(info)]
-        data = data_offset(buf, where, info.length, pat)
-        if data < 0:
-            continue
-        served.add(i)
-        if pat.nbytes:
-            dst.append(ptr)
-            src.append(base + where + data)
-            nbytes.append(pat.nbytes)
+        for j in range(k, end):
+            if good_rows is not None:
+                data = rel if good_rows[j - k] else -1
+            else:
+                data = rel if j == k else data_offset(buf, wheres[j], lengths[j], pats[j])
+            if data < 0:
+                continue
+            served.add(items[j])
+            if pats[j].nbytes:
+                dst.append(ptrs[j])
+                src.append(base + wheres[j] + data)
+                nbytes.append(pats[j].nbytes)
+        k = end
     if dst:
         copy_batch(dst, src, nbytes, 0)  # StagingError where a destination went away meanwhile
-    return [i for i in idx if i not in served]
+    return [i for i in idx if i not in served] if served else idx
+
+
+_RUN = 16  # containers in a row checked at once from this many on
+
+
+def _check_run(rows: torch.Tensor, rel: int, pat: Any) -> list[bool]:
+    """Which containers of ``rows`` (k x length bytes: k containers of ``pat`` that follow each
+    other, the first found good by ``data_offset`` with its data at ``rel``) are laid out as the
+    first: the same bytes up to the data (records before it, the data record's local header and
+    its padding, which carries no CRC: bit 3 puts CRC and sizes after the data), and after the
+    data a descriptor with the same signature and sizes (its CRC differs from tensor to tensor).
+    What ``data_offset`` checks of each, in one comparison over them all."""
+    head = (rows[:, :rel] == rows[0, :rel]).all(1)
+    desc = rel + pat.nbytes
+    sig = rows[:, desc : desc + 4] == rows[0, desc : desc + 4]
+    sizes = rows[:, desc + 8 : desc + pat.desc.size] == rows[0, desc + 8 : desc + pat.desc.size]
+    good: list[bool] = (head & sig.all(1) & sizes.all(1)).tolist()
+    return good
