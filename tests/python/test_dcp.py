@@ -275,6 +275,34 @@ def test_async_staging_returns_a_future_and_round_trips(tmp_path):
         stager.close()
 
 
+def test_stager_takes_dcps_staging_options_where_default_stager_refuses_them(tmp_path):
+    """``DefaultStager(StagingOptions(True, True, True, True))`` raises on a host without an
+    accelerator (torch's non-blocking check); ``ht.Stager`` takes the same options there, and
+    they mean what they say: async, shared, pinned (registered by hostreg)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    opts = StagingOptions(True, True, True, True)
+    if not torch.accelerator.is_available():
+        with pytest.raises(AssertionError, match="accelerator"):
+            DefaultStager(opts)
+    torch.manual_seed(0)
+    model = Net()
+    with ht.Stager(opts) as stager:
+        assert (stager.pin_memory, stager.share_memory, stager.async_staging) == (True, True, True)
+        want = snapshot(model.state_dict())
+        res = dcp.async_save(model.state_dict(), checkpoint_id=str(tmp_path), async_stager=stager, no_dist=True)
+        res.staging_completion.result(timeout=60)
+        assert hostreg.stats().registrations >= 1  # the arena is page-locked
+        res.upload_completion.result(timeout=60)
+        assert_same(load(tmp_path, want), want)
+    with ht.Stager(StagingOptions(False, False, False, False)) as stager:
+        assert (stager.pin_memory, stager.share_memory, stager.async_staging) == (False, False, False)
+    with pytest.raises(TypeError, match="not both"):
+        ht.Stager(opts, pin_memory=False)
+    with pytest.raises(TypeError, match="StagingOptions, not dict"):
+        ht.Stager({"use_pinned_memory": True})
+
+
 def test_async_stage_refuses_what_it_can_know_at_once(tmp_path):
     """torch's async_save takes a staging future that is already done for a success whatever it
     holds: an unsupported tensor must raise from stage() (and so from async_save), not land on

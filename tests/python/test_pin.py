@@ -138,6 +138,15 @@ def test_pin_refuses_storages_others_could_free_or_move_under_it():
         ht.pin_(p.data)  # a second tensor over p's storage: p could move it
     with pytest.raises(ValueError, match="base of a view"):
         ht.pin_(torch.zeros(100)[10:])
+    m = torch.nn.Linear(64, 64)
+    with pytest.raises(ValueError, match=r"pin the owner instead \(the parameter"):
+        ht.pin_(m.state_dict()["weight"])  # shares m.weight's storage: the error says to pin m.weight
+    for t in (*m.parameters(), *m.buffers()):
+        ht.pin_(t)  # what it says, after which state_dict() gives pinned tensors
+    assert all(ht.is_pinned_by_hostreg(t) for t in m.state_dict().values())
+    for t in m.parameters():
+        ht.unpin_(t)
+    del m
     kept = torch.zeros(1 << 16)
     s = kept.untyped_storage()  # s.resize_(0) would free the memory under the registration
     with pytest.raises(ValueError, match="storage object of this tensor is held elsewhere"):

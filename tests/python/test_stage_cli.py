@@ -360,3 +360,29 @@ def test_a_commands_imports_run_with_the_collector_paused_and_what_they_made_fro
         assert gc.get_freeze_count() == frozen
     finally:
         gc.enable()
+
+
+def test_version_and_the_c_packages_folders():
+    """``hostreg --version`` says the version; ``--cmakedir`` and ``--includedir`` name the
+    folders of the CMake package and the C headers the wheel installs (what scripts/test-wheels
+    builds examples/ against, with find_package)."""
+    import hostreg
+
+    def cli(*args: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "hostreg", *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert cli("--version") == f"hostreg {hostreg.__version__}"
+    cmake = Path(cli("--cmakedir"))
+    assert (cmake / "hostregConfig.cmake").is_file() and (cmake / "hostregTargets.cmake").is_file()
+    assert cmake.parent == Path(hostreg.__file__).parent
+    assert (Path(cli("--includedir")) / "hostreg" / "hostreg.h").is_file()
+
+
+def test_stage_without_torch_says_how_to_get_it():
+    # torch made unimportable in the child (None in sys.modules: ImportError on import)
+    code = "import sys; sys.modules['torch'] = None; from hostreg.cli import main; sys.exit(main(['stage']))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "needs PyTorch" in r.stderr and "pip install" in r.stderr and "Traceback" not in r.stderr

@@ -51,3 +51,15 @@ def test_the_version_is_written_in_one_place():
     literal = re.compile(re.escape(written) + r"\b")
     for path in [REPO / "pyproject.toml", REPO / "python/hostreg/__init__.py", REPO / "scripts/test-install"]:
         assert not literal.search(path.read_text()), f"{path.name} writes the version {written} again"
+
+
+def test_dir_of_hostreg_torch_lists_all_it_exports_without_importing_dcp():
+    """``dir(hostreg.torch)`` names every name of ``__all__``, the checkpoint classes (loaded
+    on first use) included, and asking does not import DCP."""
+    code = (
+        "import sys, hostreg.torch as ht; d = dir(ht); "
+        "print(sorted(set(ht.__all__) - set(d)), 'torch.distributed.checkpoint' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["[]", "False"]

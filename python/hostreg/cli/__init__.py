@@ -10,6 +10,10 @@ whether staging works, and a verdict. Exit codes: 0 staging would work, 1 it wou
 
 ``hostreg verify DIR`` checks every byte of a DCP checkpoint against what was saved
 (``verify.py``). Exit codes: 0 intact, 1 a problem found, 2 bad usage.
+
+``hostreg --version`` prints the version; ``hostreg --cmakedir`` the folder of the CMake
+package the wheel installs (``find_package(hostreg)`` with ``-Dhostreg_DIR=...``, as
+``python -m nanobind --cmake_dir``), ``hostreg --includedir`` the folder of the C headers.
 """
 
 from __future__ import annotations
@@ -68,6 +72,15 @@ def _stage(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        _console(stderr=True).print(
+            "[bold red]hostreg stage[/] needs PyTorch, which is not installed here. Install any torch from 2.4 "
+            "on (for a CPU-only one: pip install torch --index-url https://download.pytorch.org/whl/cpu), "
+            "or pip install 'hostreg[torch]'. `hostreg doctor` works without it."
+        )
+        return 1
     with _kept_for_life():  # these bring torch in, and DCP where the job saves
         from . import models
         from . import stage as stage_job
@@ -194,6 +207,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hostreg", description="Page-locked host memory through cudaHostRegister, on any accelerator or none."
     )
+    import hostreg
+
+    parser.add_argument("--version", action="version", version=f"hostreg {hostreg.__version__}")
+    parser.add_argument(
+        "--cmakedir",
+        action=_PrintPath,
+        path="cmake",
+        help="print the folder of hostreg's CMake package (hostregConfig.cmake) and exit",
+    )
+    parser.add_argument(
+        "--includedir",
+        action=_PrintPath,
+        path="include",
+        help="print the folder of hostreg's C headers (hostreg/hostreg.h) and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "stage",
@@ -258,6 +286,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify.add_parser(sub)
     return parser
+
+
+class _PrintPath(argparse.Action):
+    """``--cmakedir`` / ``--includedir``: prints the folder ``path`` of the installed package
+    (what a wheel installs beside the extension) and exits 0; exits 1 naming it where this
+    install has none (a source tree run in place, or a build without the C ABI's files)."""
+
+    def __init__(self, option_strings: list[str], dest: str, path: str, help: str) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+        self.path = path
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        import hostreg
+
+        where = os.path.join(os.path.dirname(os.path.abspath(hostreg.__file__)), self.path)
+        if not os.path.isdir(where):
+            parser.exit(
+                1,
+                f"hostreg: no {where} in this install (the wheel installs it; `cmake --install` puts "
+                "hostreg's CMake package and headers under its prefix instead)\n",
+            )
+        print(where)
+        parser.exit(0)
 
 
 def _device(text: str) -> int:

@@ -57,6 +57,11 @@ if TYPE_CHECKING:
     )
 
 
+def __dir__() -> list[str]:
+    """What ``__all__`` names (the checkpoint package's names too, imported only when used)."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     # The checkpoint writer and reader import torch.distributed.checkpoint (about 0.5 s): only
     # when asked for, so that the drop-in and staging start as fast as before.

@@ -160,8 +160,11 @@ def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch
     if users > 2:  # the tensor and `original` itself
         raise ValueError(
             f"pin_: the storage at {ptr:#x} is used by {users - 2} other tensor(s) or storage(s) (views made "
-            "before pin_, p.data): any of them could free or move the memory under the registration; pin the "
-            "tensor before making views of it (views made after pin_ share its pinned storage)"
+            "before pin_, p.data, a module's state_dict() entry, which shares its parameter's storage): any of "
+            "them could free or move the memory under the registration; pin the owner instead (the parameter "
+            "or buffer: `for t in (*module.parameters(), *module.buffers()): pin_(t)`, then state_dict() "
+            "gives pinned tensors), or pin the tensor before making views of it (views made after pin_ share "
+            "its pinned storage)"
         )
     pin = _Pin(ptr, nbytes, original)
     try:

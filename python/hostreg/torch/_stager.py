@@ -50,6 +50,15 @@ class Stager:
     """DCP ``AsyncStager`` that stages into reusable hostreg arenas.
 
     Args:
+        options: DCP's ``StagingOptions`` (torch >= 2.9), as ``DefaultStager`` takes it, in
+            place of the four keywords below: ``use_pinned_memory`` is ``pin_memory``,
+            ``use_shared_memory`` ``share_memory``, ``use_async_staging`` ``async_staging``;
+            ``use_non_blocking_copy`` is accepted and needs no accelerator here: copies from an
+            accelerator are non-blocking on a side stream in async mode anyway, and host
+            copies are the C core's. So ``Stager(StagingOptions(True, True, True, True))``
+            works on a host without CUDA, where ``DefaultStager``'s raises ``AssertionError``
+            ("Non-blocking copy requires that the current accelerator is available"). Given
+            with any of the four keywords: ``TypeError``.
         pin_memory: register the arena (page-lock it) through the active backend.
         share_memory: use torch shared memory, so the background-process checkpointer
             receives the tensors without a copy.
@@ -92,13 +101,38 @@ class Stager:
 
     def __init__(
         self,
+        options: Any = None,
         *,
-        pin_memory: bool = True,
-        share_memory: bool = True,
+        pin_memory: bool | None = None,
+        share_memory: bool | None = None,
         max_buffers: int = 2,
         wait_timeout_s: float = 600.0,
-        async_staging: bool = False,
+        async_staging: bool | None = None,
     ) -> None:
+        if options is not None:
+            given = [
+                k
+                for k, v in (
+                    ("pin_memory", pin_memory),
+                    ("share_memory", share_memory),
+                    ("async_staging", async_staging),
+                )
+                if v is not None
+            ]
+            if given:
+                raise TypeError(f"Stager takes StagingOptions or {', '.join(given)}, not both")
+            try:
+                pin_memory = bool(options.use_pinned_memory)
+                share_memory = bool(options.use_shared_memory)
+                async_staging = bool(options.use_async_staging)
+                bool(options.use_non_blocking_copy)
+            except AttributeError:
+                raise TypeError(
+                    f"Stager's first argument is DCP's StagingOptions, not {type(options).__name__}"
+                ) from None
+        pin_memory = True if pin_memory is None else pin_memory
+        share_memory = True if share_memory is None else share_memory
+        async_staging = False if async_staging is None else async_staging
         if max_buffers < 1:
             raise ValueError(f"max_buffers must be >= 1, got {max_buffers}")
         if async_staging and not async_save_takes_futures():
