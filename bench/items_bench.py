@@ -27,7 +27,7 @@ bytes). A second table gives hostreg's repeated save and its load by phase (wall
 spent in the planner's, writer's and reader's methods, from subclasses that time them).
 Targets (the many-items issue): repeated async save <= 1.5x the ceiling at 8,192 items and
 <= 2.0x at 65,536; first hostreg save <= 0.3x stock's (8,192 items and more); hostreg load <= 2x
-the read ceiling and >= 3x faster than stock; the per-item cost of a repeated save outside
+the read ceiling and <= 0.33x stock's time (3x faster); the per-item cost of a repeated save outside
 write_data flat from 8,192 to 262,144. A repeated save writes over the files of the one before
 (their blocks already allocated), where fio writes a new file: on a virtual disk that can put
 a save below the "ceiling". Not a test: it prints tables.
@@ -232,9 +232,9 @@ def targets(results: list[dict[str, Any]]) -> list[str]:
             line(x <= 0.3, f"first hostreg save, {r['n']:,} items: {x:.2f}x stock's first save (<= 0.3)")
     if 65536 in by and "stock load" in by[65536]:
         r = by[65536]
-        x, speed = r["hostreg load"] / r["ceiling read"], r["stock load"] / r["hostreg load"]
+        x, vs = r["hostreg load"] / r["ceiling read"], r["hostreg load"] / r["stock load"]
         line(x <= 2.0, f"hostreg load, 65,536 items: {x:.2f}x the read ceiling (<= 2)")
-        line(speed >= 3.0, f"hostreg load, 65,536 items: {speed:.2f}x faster than stock (>= 3)")
+        line(vs <= 1 / 3, f"hostreg load, 65,536 items: {vs:.2f}x stock's time (<= 0.33)")
     # Per item: the repeated save's work outside write_data (planning, the metadata), which no
     # disk speed hides; write_data's own share follows the bytes.
     per = {n: sum(v for k, v in by[n]["phases save"].items() if k != "write write_data") / n for n in by if n >= 8192}

@@ -37,7 +37,7 @@ Per state dict, in one run:
             compared bit-exactly with the source after each load (a mismatch raises).
 Each measurement is repeated --reps times (default 3; --quick: 1); the table has medians.
 Targets (the checkpoint I/O issue): hostreg's save done <= 1.15x the write ceiling and
-<= 0.5x DCP's default writer (thread_count=1); hostreg's load >= 1.5x faster than stock
+<= 0.5x DCP's default writer (thread_count=1); hostreg's load <= 0.67x stock's time
 dcp.load; page-cache growth during hostreg's save <= 5%.
 Not a test: it prints tables; read the ratios (the machine may be shared and noisy).
 """
@@ -214,8 +214,8 @@ def main() -> int:
             "pages read back after drop_caches); ckpt cached %: the checkpoint's own files in the page cache right after the "
             "save (fincore), not judged.",
             'Targets: hostreg save done <= 1.15x the write ceiling ("ceiling") and <= 0.5x DCP\'s default writer, '
-            'thread_count=1 ("DCP"); page-cache growth <= 5% ("cache"); hostreg load >= 1.5x faster than stock '
-            'dcp.load of the same checkpoint ("speedup").',
+            'thread_count=1 ("DCP"); page-cache growth <= 5% ("cache"); hostreg load <= 0.67x the time of stock '
+            'dcp.load of the same checkpoint ("x stock": time over stock\'s time).',
             f"{FLOOR!r}: a StorageWriter that stores nothing (planning, staging, resolve_data, the metadata pickled), the "
             "floor under every save through dcp.async_save; storage s = done s - that floor: the writer's own share.",
             "Every load compared bit-exactly with the source: all equal.",

@@ -93,13 +93,28 @@ def test_python_block_runs(path: Path, line: int, code: str, tmp_path: Path):
     assert "REGISTRATIONS 0" in r.stdout, f"{path.name}:{line} left registrations behind:\n{r.stdout[-2000:]}"
 
 
-def test_the_c_program_builds_with_the_c_only_cmake_project_and_runs(tmp_path: Path):
-    prefix = REPO / "build/install-check/prefix"
-    if not (prefix / "include/hostreg/hostreg.h").is_file():
-        message = f"{prefix} is missing: scripts/test-install makes it (scripts/test runs it before pytest)"
+@pytest.mark.parametrize("package", ["cmake --install", "wheel"])
+def test_the_c_program_builds_with_the_c_only_cmake_project_and_runs(tmp_path: Path, package: str):
+    """Against the prefix ``cmake --install`` filled (scripts/test-install), and against the
+    CMake package the installed wheel carries (``hostreg --cmakedir``)."""
+    import hostreg
+
+    if package == "wheel":
+        cmakedir = Path(hostreg.__file__).parent / "cmake"
+        found = f"-Dhostreg_DIR={cmakedir}"
+        missing = None if (cmakedir / "hostregConfig.cmake").is_file() else f"{cmakedir} is missing (a wheel has it)"
+    else:
+        prefix = REPO / "build/install-check/prefix"
+        found = f"-DCMAKE_PREFIX_PATH={prefix}"
+        missing = (
+            None
+            if (prefix / "include/hostreg/hostreg.h").is_file()
+            else (f"{prefix} is missing: scripts/test-install makes it (scripts/test runs it before pytest)")
+        )
+    if missing:
         if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+            pytest.fail(missing)
+        pytest.skip(missing)
     page = REPO / "docs" / "c-api.md"
     ((c_line, c_code),) = blocks(page, "c")
     ((cm_line, cmake_code),) = blocks(page, "cmake")
@@ -113,7 +128,7 @@ def test_the_c_program_builds_with_the_c_only_cmake_project_and_runs(tmp_path: P
             str(tmp_path),
             "-B",
             str(tmp_path / "build"),
-            f"-DCMAKE_PREFIX_PATH={prefix}",
+            found,
             "-DCMAKE_C_FLAGS=-std=c99 -pedantic -Wall -Wextra -Werror",
         ],
         ["--build", str(tmp_path / "build")],

@@ -162,8 +162,8 @@ def pin_(tensor: torch.Tensor, flags: int = HostRegisterFlags.Portable) -> torch
             f"pin_: the storage at {ptr:#x} is used by {users - 2} other tensor(s) or storage(s) (views made "
             "before pin_, p.data, a module's state_dict() entry, which shares its parameter's storage): any of "
             "them could free or move the memory under the registration; pin the owner instead (the parameter "
-            "or buffer: `for t in (*module.parameters(), *module.buffers()): pin_(t)`, then state_dict() "
-            "gives pinned tensors), or pin the tensor before making views of it (views made after pin_ share "
+            "or buffer: `for t in (*module.parameters(), *module.buffers()): pin_(t)`, before taking a "
+            "state_dict(), or once its tensors are gone; state_dict() then gives pinned tensors), or pin the tensor before making views of it (views made after pin_ share "
             "its pinned storage)"
         )
     pin = _Pin(ptr, nbytes, original)
