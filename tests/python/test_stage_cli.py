@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -380,9 +381,36 @@ def test_version_and_the_c_packages_folders():
     assert (Path(cli("--includedir")) / "hostreg" / "hostreg.h").is_file()
 
 
-def test_stage_without_torch_says_how_to_get_it():
+@pytest.mark.parametrize("args", [["stage"], ["bench"], ["verify", "."]])
+def test_commands_that_need_torch_say_how_to_get_it(args: list[str]):
     # torch made unimportable in the child (None in sys.modules: ImportError on import)
-    code = "import sys; sys.modules['torch'] = None; from hostreg.cli import main; sys.exit(main(['stage']))"
+    code = f"import sys; sys.modules['torch'] = None; from hostreg.cli import main; sys.exit(main({args!r}))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert "needs PyTorch" in r.stderr and "pip install" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_times_cold_and_warm_against_the_ceiling_and_leaves_nothing(tmp_path: Path):
+    r = subprocess.run(
+        [HOSTREG, "bench", "--dir", str(tmp_path), "--mib", "8", "--tensors", "16", "--repeats", "1", "--stock"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    names = (
+        "ceiling: write",
+        "ceiling: read",
+        "hostreg save, cold",
+        "hostreg save, warm",
+        "hostreg load, cold",
+        "hostreg load, warm",
+        "stock dcp.save, first",
+        "stock dcp.load",
+    )
+    for name in names:  # each with its seconds, GB/s and ratio to the ceiling
+        assert re.search(rf"{re.escape(name)}[^│]*│\s*[0-9.]+\s*│\s*[0-9.]+\s*│\s*[0-9.]+\s*│", r.stdout), name
+    assert list(tmp_path.iterdir()) == []  # the checkpoints and the ceiling's file removed
+    bad = subprocess.run([HOSTREG, "bench", "--mib", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "must be positive" in bad.stdout

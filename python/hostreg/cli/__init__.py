@@ -11,6 +11,9 @@ whether staging works, and a verdict. Exit codes: 0 staging would work, 1 it wou
 ``hostreg verify DIR`` checks every byte of a DCP checkpoint against what was saved
 (``verify.py``). Exit codes: 0 intact, 1 a problem found, 2 bad usage.
 
+``hostreg bench`` times checkpoint saves and loads, cold and warm, against the disk's
+``O_DIRECT`` ceiling (``bench.py``). Exit codes: 0 done, 1 a failure, 2 bad usage.
+
 ``hostreg --version`` prints the version; ``hostreg --cmakedir`` the folder of the CMake
 package the wheel installs (``find_package(hostreg)`` with ``-Dhostreg_DIR=...``, as
 ``python -m nanobind --cmake_dir``), ``hostreg --includedir`` the folder of the C headers.
@@ -68,18 +71,25 @@ def _console(stderr: bool = False) -> Any:
     return QuietOnClosedPipe(stderr=stderr)
 
 
-def _stage(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
+def _needs_torch(command: str) -> bool:
+    """True, having said how to get it, where torch cannot be imported (``command`` needs it)."""
     try:
         import torch  # noqa: F401
     except ImportError:
         _console(stderr=True).print(
-            "[bold red]hostreg stage[/] needs PyTorch, which is not installed here. Install any torch from 2.4 "
+            f"[bold red]hostreg {command}[/] needs PyTorch, which is not installed here. Install any torch from 2.4 "
             "on (for a CPU-only one: pip install torch --index-url https://download.pytorch.org/whl/cpu), "
             "or pip install 'hostreg[torch]'. `hostreg doctor` works without it."
         )
+        return True
+    return False
+
+
+def _stage(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    if _needs_torch("stage"):
         return 1
     with _kept_for_life():  # these bring torch in, and DCP where the job saves
         from . import models
@@ -282,9 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="say whether hostreg.torch.FileSystemWriter/Reader get O_DIRECT in DIR (repeatable)",
     )
     d.set_defaults(func=_doctor)
-    from . import verify
+    from . import bench, verify
 
     verify.add_parser(sub)
+    bench.add_parser(sub)
     return parser
 
 

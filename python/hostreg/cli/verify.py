@@ -10,8 +10,10 @@ import time
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import _console, _kept_for_life, esc
+    from . import _console, _kept_for_life, _needs_torch, esc
 
+    if _needs_torch("verify"):
+        return 1
     out = _console()
     if not os.path.isdir(args.dir):
         print(f"hostreg verify: {args.dir} is not a directory")
