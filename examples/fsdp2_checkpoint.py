@@ -3,6 +3,7 @@
 Two ranks on the CPU (gloo), one command each step::
 
     # 1. train 6 steps, checkpoint asynchronously after step 3, get killed during step 5
+    #    (torchrun then reports the ranks' deaths with a ChildFailedError: expected)
     torchrun --nproc-per-node 2 examples/fsdp2_checkpoint.py /tmp/ckpt --crash-at 5
     # 2. resume from the checkpoint, train to step 6; then train 6 steps from scratch without
     #    a break and check that both runs end with the same bits

@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import dataclasses
 import functools
+import inspect
 import io
 import os
 from typing import Any
@@ -26,6 +27,8 @@ from . import read_chunks as _chunks
 from .files import BLOCK, METADATA, IoStats, _address, _open, _raise_io, check_threads, threads_for
 from .load_planner import destinations as _destinations
 
+_STOCK_ARGS = frozenset(inspect.signature(_StockReader.__init__).parameters)  # the installed torch's
+
 HEAD = 4096  # bytes read from a container's start: its pickle and headers
 TAIL = 4096  # and from its end: the central directory
 WHOLE = 1 << 20  # containers up to this size are read whole in the first pass (data included)
@@ -34,7 +37,10 @@ WHOLE = 1 << 20  # containers up to this size are read whole in the first pass (
 class FileSystemReader(_StockReader):
     """DCP ``StorageReader`` for checkpoints of DCP's ``FileSystemWriter`` and hostreg's.
 
-    ``dcp.load(sd, storage_reader=FileSystemReader(path))``. Each file is read with
+    ``dcp.load(sd, storage_reader=FileSystemReader(path))``. A subclass of DCP's
+    ``FileSystemReader`` taking its arguments in its order (``path``, ``_extension_registry``:
+    the stream transforms' registry, handed to DCP's reader for the items that have them), and
+    hostreg's own keyword-only after them. Each file is read with
     ``O_DIRECT`` (where the filesystem allows) by ``thread_count`` threads of the C core
     (``hostregFileRead``; None, the default, chooses per disk as the writer does): first the containers' headers, then every tensor's bytes, straight
     into a contiguous CPU destination of the same dtype (the only copy is from a bounce
@@ -60,13 +66,22 @@ class FileSystemReader(_StockReader):
     def __init__(
         self,
         path: str | os.PathLike,
-        thread_count: int | None = None,
+        _extension_registry: Any = None,
         *,
+        thread_count: int | None = None,
         direct_io: bool = True,
         trusted: bool = False,
         verify: bool = False,
     ) -> None:
-        super().__init__(path)
+        if _extension_registry is None:
+            super().__init__(path)
+        elif "_extension_registry" in _STOCK_ARGS:
+            super().__init__(path, _extension_registry)
+        else:
+            raise ValueError(
+                f"FileSystemReader(_extension_registry=...): DCP's FileSystemReader of torch {torch.__version__} takes "
+                "no _extension_registry (its checkpoints have no stream transforms); leave it out"
+            )
         check_threads(thread_count)
         self.thread_count = thread_count
         self.direct_io = direct_io

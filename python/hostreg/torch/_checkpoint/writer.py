@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import io
 import os
 import re
@@ -10,10 +11,11 @@ import secrets
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint import FileSystemWriter as _StockWriter
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix  # DCP's own records of where items lie
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
-from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ... import _hostreg
@@ -38,13 +40,27 @@ from .parts import _FileLayout, _PartWriter
 
 _RANK_METADATA = re.compile(r"__\d+" + re.escape(METADATA))  # a rank's own, of a save without collectives
 
+# The arguments DCP's FileSystemWriter takes in the installed torch (2.4 has no _extensions or
+# serialization_format), and its format enum where it has one (torch >= 2.8).
+_STOCK_ARGS = frozenset(inspect.signature(_StockWriter.__init__).parameters)
+try:
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
 
-class FileSystemWriter(StorageWriter):
+    _TORCH_SAVE: Any = SerializationFormat.TORCH_SAVE
+except ImportError:
+    _TORCH_SAVE = None
+
+
+class FileSystemWriter(_StockWriter):
     """DCP ``StorageWriter`` whose files are DCP's own format, written at the disk's speed.
 
     Use it as ``dcp.save(sd, storage_writer=FileSystemWriter(path))`` or
     ``dcp.async_save(sd, storage_writer=..., async_stager=hostreg.torch.Stager(...))``, with
-    either async checkpointer type (it pickles) and any stager.
+    either async checkpointer type (it pickles) and any stager. A subclass of DCP's
+    ``FileSystemWriter``, taking its arguments in its order (torch 2.13's; the installed
+    torch's where it has fewer), hostreg's own keyword-only after them; so it is also DCP's
+    ``AsyncStager``: without ``async_stager=``, ``dcp.async_save`` stages with it as with DCP's
+    writer (``cache_staged_state_dict``).
 
     Args:
         path: the checkpoint's directory (made if missing).
@@ -53,13 +69,27 @@ class FileSystemWriter(StorageWriter):
             every file and ``fsync`` of the directory), and ``.metadata`` durable too
             (temporary name, ``fsync``, ``rename``, ``fsync`` of the directory).
         thread_count: requests in flight per file (threads of the C core), >= 1; None (the
-            default) chooses per disk: 8, or 2 on a rotational disk (``files.threads_for``).
+            default, where DCP's is 1) chooses per disk: 8, or 2 on a rotational disk
+            (``files.threads_for``).
+        per_thread_copy_ahead: DCP's queue of tensors copied off the accelerator ahead of its
+            writer threads; accepted and without effect here: each tensor is written from its
+            own memory, or from one contiguous CPU copy made as its turn comes.
+        cache_staged_state_dict: as DCP's: when this writer is the stager of
+            ``dcp.async_save`` (no ``async_stager=``), keep the staged copy for the next save.
         overwrite: allow a directory that holds a checkpoint; every metadata file that
             describes a file about to change (``.metadata``, ``__{rank}.metadata``) is removed
             before any data is written, so a save that dies half-way leaves a directory that
             loads the old checkpoint's untouched ranks or nothing, never a mix. ``False`` raises ``RuntimeError`` as DCP's writer does.
+        _extensions: DCP's stream transforms (e.g. ``ZStandard``). Given (non-empty), the save
+            is DCP's own writer's, transforms and all: hostreg's writes raw ``torch.save``
+            containers only.
+        serialization_format: DCP's ``SerializationFormat``; ``TORCH_SAVE`` (the default) is
+            hostreg's; any other (``SAFETENSORS``) makes the save DCP's own writer's, as above.
         direct_io: use ``O_DIRECT`` where the filesystem allows (else the page cache, said once
             in a ``hostreg`` log line).
+
+    ``_extensions`` or ``serialization_format`` that the installed torch's writer does not take
+    raise ``ValueError`` naming them (at their defaults they are accepted on any torch).
 
     Tensors are written from their own memory: a hostreg arena's, or any contiguous CPU
     tensor's; other tensors are first made contiguous CPU tensors (``copied_bytes`` in
@@ -76,31 +106,88 @@ class FileSystemWriter(StorageWriter):
         single_file_per_rank: bool = True,
         sync_files: bool = True,
         thread_count: int | None = None,
+        per_thread_copy_ahead: int = 10_000_000,
+        cache_staged_state_dict: bool = False,
         overwrite: bool = True,
+        _extensions: Any = None,
+        serialization_format: Any = _TORCH_SAVE,
         *,
         direct_io: bool = True,
     ) -> None:
-        super().__init__()
         check_threads(thread_count)
-        self.path = os.fspath(path)
-        self.single_file_per_rank = single_file_per_rank
-        self.sync_files = sync_files
-        self.thread_count = thread_count
-        self.overwrite = overwrite
+        stock: dict[str, Any] = {
+            "single_file_per_rank": single_file_per_rank,
+            "sync_files": sync_files,
+            "thread_count": thread_count or 1,
+            "per_thread_copy_ahead": per_thread_copy_ahead,
+            "cache_staged_state_dict": cache_staged_state_dict,
+            "overwrite": overwrite,
+            "_extensions": _extensions,
+            "serialization_format": serialization_format,
+        }
+        for name, default in (("_extensions", None), ("serialization_format", _TORCH_SAVE)):
+            if name not in _STOCK_ARGS:
+                if stock[name] is not default and not (name == "_extensions" and not stock[name]):
+                    raise ValueError(
+                        f"FileSystemWriter({name}=...): DCP's FileSystemWriter of torch {torch.__version__} takes no "
+                        f"{name}; leave it out, or use a torch whose writer has it"
+                    )
+                del stock[name]
+        super().__init__(path, **stock)
+        #: The save is DCP's own writer's (``_extensions``, a format other than torch.save).
+        self.stock = bool(_extensions) or (serialization_format is not _TORCH_SAVE and serialization_format is not None)
+        self.thread_count = stock["thread_count"] if self.stock else thread_count
         self.direct_io = direct_io
         self.save_id = secrets.token_hex(16)
         self.rank: int | None = None
         self.use_collectives = True
         self.stats = IoStats()  #: what this rank's last write_data did
+        self._stager: Any = None  # stage()'s, with cache_staged_state_dict
 
-    # -- DCP's protocol --
+    # -- DCP's AsyncStager (where dcp.async_save stages with the writer) --
+
+    def stage(self, state_dict: Any) -> Any:
+        """A CPU copy of ``state_dict`` for ``dcp.async_save`` (DCP's ``AsyncStager.stage``,
+        used where no ``async_stager=`` is given). With ``cache_staged_state_dict`` the copy
+        lives in a hostreg arena, page-locked by hostreg (not shared), made by the first save and
+        reused by later ones of the same structure (two arenas at most: one may still be
+        written while the next save stages); DCP's own writer pins with ``Tensor.pin_memory()``
+        there, which raises on a host without an accelerator. Without it, DCP's: a fresh copy
+        each save. :meth:`close` releases the arenas. Raises as
+        :meth:`hostreg.torch.Stager.stage` does."""
+        if self.stock or not self.cache_staged_state_dict:
+            return super().stage(state_dict)
+        self.per_thread_copy_ahead = 0  # as DCP's writer does once it stages
+        if self._stager is None:
+            from .._stager import Stager
+
+            self._stager = Stager(pin_memory=True, share_memory=False, max_buffers=2)
+        return self._stager.stage(state_dict)
+
+    def close(self) -> None:
+        """Releases what :meth:`stage` staged into (DCP's ``AsyncStager.close``). Idempotent."""
+        stager, self._stager = self._stager, None
+        if stager is not None:
+            stager.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for the process-based async checkpointer: the arenas stay in this process.
+        state = self.__dict__.copy()
+        state["_stager"] = None
+        return state
+
+    # -- DCP's protocol (DCP's own writer's where ``stock``) --
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        if self.stock:
+            return super().reset(checkpoint_id)
         if checkpoint_id:
-            self.path = os.fspath(checkpoint_id)
+            self.path = self.fs.init_path(checkpoint_id)
         self.save_id = secrets.token_hex(16)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if self.stock:
+            return super().set_up_storage_writer(is_coordinator, *args, **kwargs)
         self.rank = kwargs.get("rank")
         self.use_collectives = kwargs.get("use_collectives", True)
 
@@ -111,6 +198,8 @@ class FileSystemWriter(StorageWriter):
         return self._metadata_path(self.rank if not self.use_collectives and self.rank is not None else None)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        if self.stock:
+            return super().prepare_local_plan(plan)
         os.makedirs(self.path, exist_ok=True)
         meta = self._own_metadata()
         if not self.use_collectives and self.rank is not None:
@@ -123,6 +212,8 @@ class FileSystemWriter(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        if self.stock:
+            return super().prepare_global_plan(plans)
         # The coordinator, before any rank writes data: an old checkpoint here stops loading.
         # With collectives every rank's file is about to change, so every rank's own metadata
         # (``__{rank}.metadata``, of a save without collectives, which dcp.load falls back to
@@ -150,6 +241,8 @@ class FileSystemWriter(StorageWriter):
             _fsync_dir(self.path)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        if self.stock:
+            return super().write_data(plan, planner)
         prefix = plan.storage_data.prefix
         self.stats = IoStats()
         results = self._write_planned_before(prefix, plan, planner)
@@ -168,6 +261,8 @@ class FileSystemWriter(StorageWriter):
         return fut
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        if self.stock:
+            return super().finish(metadata, results)
         metadata.version = _DCP_VERSION
         metadata.storage_meta = self.storage_meta()
         blob = metadata_bytes(metadata, results)  # sets metadata.storage_data
@@ -184,17 +279,9 @@ class FileSystemWriter(StorageWriter):
             _fsync_dir(self.path)
 
     def storage_meta(self) -> StorageMeta | None:
-        return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.path
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        from torch.distributed.checkpoint.filesystem import FileSystem
-
-        return FileSystem.validate_checkpoint_id(checkpoint_id)
+        if self.stock:
+            return super().storage_meta()
+        return StorageMeta(checkpoint_id=os.fspath(self.path), save_id=self.save_id)
 
     # -- the file --
 
