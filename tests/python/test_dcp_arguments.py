@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import io
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 import torch
@@ -191,3 +191,70 @@ def test_an_argument_this_torch_lacks_is_a_clear_error_and_hostregs_own_are_keyw
         ht.FileSystemWriter(tmp_path, True, True, None, 0, False, True, None, None, False)  # direct_io: keyword
     with pytest.raises(ValueError, match="thread_count"):
         ht.FileSystemWriter(tmp_path, thread_count=0)
+
+
+@pytest.mark.parametrize("thread_count", [1, 2])
+def test_torchs_own_rot13_example_with_dcps_keywords(tmp_path: Path, thread_count: int):
+    """The calls DCP's own tests make, by keyword (torch's Rot13Example and test registry from
+    torch.testing._internal): tensors and a bytes item through the transform, both ways."""
+    cu = pytest.importorskip("torch.testing._internal.distributed.checkpoint_utils")
+    sd = state(4) | {"blob": io.BytesIO(b"SomeBlobForTesting")}
+    w = ht.FileSystemWriter(path=tmp_path, thread_count=thread_count, _extensions=[cu.Rot13Example()])
+    dcp.save(sd, storage_writer=w, no_dist=True)
+    for rcls in (ht.FileSystemReader, dcp.FileSystemReader):
+        got = zeros_like(state(4)) | {"blob": io.BytesIO()}
+        dcp.load(
+            got, storage_reader=rcls(path=tmp_path, _extension_registry=cu.get_test_extension_registry()), no_dist=True
+        )
+        assert_same(got, state(4))
+        assert got["blob"].getvalue() == b"SomeBlobForTesting"
+
+
+def _sharded_ranks(rank: int, world: int, path: str) -> bool:
+    """Two ranks: ShardedTensors saved under one sharding and loaded under another, a tensor
+    becoming a ShardedTensor and back, and non-tensor items, all with hostreg's writer and
+    reader (DCP's ShardedTensor code plans the reads; hostreg's classes do the I/O)."""
+    import torch.distributed as dist
+    from torch.distributed._shard import sharded_tensor
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
+
+    def full(t: Any) -> torch.Tensor:
+        out = torch.zeros(t.shape) if rank == 0 else None
+        t.gather(out=out)
+        return out
+
+    specs = [
+        ChunkShardingSpec(dim=0, placements=["rank:0", "rank:1"]),
+        ChunkShardingSpec(dim=0, placements=["rank:1", "rank:0", "rank:0"]),
+        EnumerableShardingSpec(
+            shards=[
+                ShardMetadata(shard_offsets=[0], shard_sizes=[5], placement="rank:1"),
+                ShardMetadata(shard_offsets=[5], shard_sizes=[19], placement="rank:0"),
+            ]
+        ),
+    ]
+    for a in specs:
+        for b in specs:
+            torch.manual_seed(rank)
+            saved = {
+                "st": sharded_tensor.rand(a, 24),
+                "plain": torch.arange(24.0) * (1 + specs.index(a)),
+                "items": [1, "two"],
+            }
+            dcp.save(saved, storage_writer=ht.FileSystemWriter(path))
+            dist.barrier()
+            back = {"st": torch.zeros(24), "plain": sharded_tensor.zeros(b, 24), "items": None}
+            dcp.load(back, storage_reader=ht.FileSystemReader(path))
+            want_st, got_plain = full(saved["st"]), full(back["plain"])
+            if rank == 0:
+                assert torch.equal(back["st"], want_st), (a, b)
+                assert torch.equal(got_plain, saved["plain"]), (a, b)
+            assert back["items"] == [1, "two"]
+            dist.barrier()
+    return True
+
+
+def test_sharded_tensors_reshard_and_switch_with_tensors_over_two_ranks(tmp_path: Path):
+    from ranks import run_ranks
+
+    assert run_ranks(_sharded_ranks, (str(tmp_path),), timeout=240) == {0: True, 1: True}
