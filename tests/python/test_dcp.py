@@ -301,6 +301,12 @@ def test_stager_takes_dcps_staging_options_where_default_stager_refuses_them(tmp
         ht.Stager(opts, pin_memory=False)
     with pytest.raises(TypeError, match="StagingOptions, not dict"):
         ht.Stager({"use_pinned_memory": True})
+    for bad in ({"pin_memory": 0}, {"share_memory": "yes"}, {"max_buffers": 1.5}, {"max_buffers": True}):
+        with pytest.raises(TypeError):
+            ht.Stager(**bad)
+    for bad_timeout in (float("nan"), float("inf"), -1):
+        with pytest.raises(ValueError, match="wait_timeout_s"):
+            ht.Stager(wait_timeout_s=bad_timeout)
 
 
 def test_async_stage_refuses_what_it_can_know_at_once(tmp_path):

@@ -122,6 +122,13 @@ def test_stream_transforms_are_written_and_read(tmp_path: Path, writer: str, rea
     assert_same(got, sd)
     with pytest.raises(BaseException, match="extension|stream.test_xor"):  # DCP wraps a rank's error
         dcp.load(zeros_like(sd), storage_reader=rcls(tmp_path), no_dist=True)
+    # hostreg's check of every byte takes transformed items as opaque ranges, not damage
+    from hostreg.torch._checkpoint.verify import verify_checkpoint
+
+    assert verify_checkpoint(str(tmp_path)).problems == []
+    got = zeros_like(sd)
+    dcp.load(got, storage_reader=ht.FileSystemReader(tmp_path, registry(), verify=True), no_dist=True)
+    assert_same(got, sd)
 
 
 def test_a_format_other_than_torch_save_is_dcps_own_writers(tmp_path: Path):
@@ -185,6 +192,10 @@ def test_async_save_without_a_stager_stages_with_the_writer_as_with_dcps(tmp_pat
 def test_an_argument_this_torch_lacks_is_a_clear_error_and_hostregs_own_are_keywords(tmp_path: Path):
     with pytest.raises(TypeError):
         ht.FileSystemReader(tmp_path, None, 4)  # thread_count is keyword-only now
+    with pytest.raises(TypeError, match="thread_count is a keyword"):
+        ht.FileSystemReader(tmp_path, 8)  # the old position of thread_count: DCP's registry now
+    with pytest.raises(TypeError, match="overwrite= is the seventh"):
+        ht.FileSystemWriter(tmp_path, True, True, None, False)  # the old position of overwrite
     r = ht.FileSystemReader(tmp_path, thread_count=4, direct_io=False)
     assert (r.thread_count, r.direct_io) == (4, False)
     with pytest.raises(TypeError):

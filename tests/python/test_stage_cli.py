@@ -413,4 +413,13 @@ def test_bench_times_cold_and_warm_against_the_ceiling_and_leaves_nothing(tmp_pa
         assert re.search(rf"{re.escape(name)}[^│]*│\s*[0-9.]+\s*│\s*[0-9.]+\s*│\s*[0-9.]+\s*│", r.stdout), name
     assert list(tmp_path.iterdir()) == []  # the checkpoints and the ceiling's file removed
     bad = subprocess.run([HOSTREG, "bench", "--mib", "0"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "must be positive" in bad.stdout
+    assert bad.returncode == 2 and "must be positive" in bad.stderr
+    bad = subprocess.run(
+        [HOSTREG, "bench", "--mib", "1", "--tensors", "10000000"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "--tensors is at most" in bad.stderr
+    # A directory it cannot write in (sysfs refuses new files, even to root): one line, exit 1.
+    bad = subprocess.run(
+        [HOSTREG, "bench", "--dir", "/sys/kernel", "--mib", "1"], capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 1 and "hostreg bench: PermissionError" in bad.stderr and "Traceback" not in bad.stderr

@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any
@@ -44,10 +46,16 @@ def run(args: argparse.Namespace) -> int:
     if _needs_torch("bench"):
         return 1
     if args.mib <= 0 or args.tensors <= 0 or args.repeats <= 0:
-        print("hostreg bench: --mib, --tensors and --repeats must be positive")
+        print("hostreg bench: --mib, --tensors and --repeats must be positive", file=sys.stderr)
+        return 2
+    if args.tensors > args.mib << 18:
+        print(
+            f"hostreg bench: --tensors is at most {args.mib << 18:,} for --mib {args.mib} (4-byte tensors)",
+            file=sys.stderr,
+        )
         return 2
     if not os.path.isdir(args.dir):
-        print(f"hostreg bench: {args.dir} is not a directory")
+        print(f"hostreg bench: {args.dir} is not a directory", file=sys.stderr)
         return 2
     with _kept_for_life():
         import warnings
@@ -58,18 +66,20 @@ def run(args: argparse.Namespace) -> int:
         import hostreg.torch as ht
 
         from . import ceiling
+        from .checkpoint import _cause
 
     warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
     warnings.filterwarnings("ignore", message=".*Detected an existing checkpoint.*")  # stock's second save
     out = _console()
     nbytes = args.mib << 20
     per = max(1, nbytes // 4 // args.tensors)
-    g = torch.Generator().manual_seed(0)
-    sd = {f"t{i:06d}": torch.randn(per, generator=g) for i in range(args.tensors)}
     total = per * 4 * args.tensors
-    root = tempfile.mkdtemp(prefix=".hostreg-bench-", dir=args.dir)
     rows: list[tuple[str, float]] = []
+    root = None
     try:
+        g = torch.Generator().manual_seed(0)
+        sd = {f"t{i:06d}": torch.randn(per, generator=g) for i in range(args.tensors)}
+        root = tempfile.mkdtemp(prefix=".hostreg-bench-", dir=args.dir)
         out.print(f"measuring the ceiling of {esc(args.dir)} for {total:,} bytes ...", style="dim")
         ceil = ceiling.measure(root, total)
         wceil, rceil = total / ceil.write, total / ceil.read
@@ -107,11 +117,22 @@ def run(args: argparse.Namespace) -> int:
                 check()
 
             rows.append(("stock dcp.load into the pinned state dict", _timed(stock_load)))
-    except (OSError, RuntimeError) as e:
-        print(f"hostreg bench: {e}")
+    except BaseException as e:  # DCP raises CheckpointException, a BaseException, for a rank's error
+        cause = _cause(e)
+        if isinstance(cause, KeyboardInterrupt):
+            raise KeyboardInterrupt from None  # the CLI's "interrupted", exit 130
+        if not isinstance(cause, (OSError, RuntimeError, MemoryError)):
+            raise
+        print(f"hostreg bench: {type(cause).__name__}: {cause}", file=sys.stderr)
         return 1
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if root is not None:
+            # Signals held off meanwhile: a second Ctrl-C must not leave the files behind.
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                shutil.rmtree(root, ignore_errors=True)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
     from rich.table import Table
 
     table = Table(title=f"{total:,} bytes as {args.tensors:,} float32 tensors in {esc(args.dir)}")

@@ -133,6 +133,19 @@ class Stager:
         pin_memory = True if pin_memory is None else pin_memory
         share_memory = True if share_memory is None else share_memory
         async_staging = False if async_staging is None else async_staging
+        for name, value in (
+            ("pin_memory", pin_memory),
+            ("share_memory", share_memory),
+            ("async_staging", async_staging),
+        ):
+            if type(value) is not bool:
+                raise TypeError(f"Stager({name}=...) takes a bool, not {value!r}")
+        if type(max_buffers) is not int:
+            raise TypeError(f"Stager(max_buffers=...) takes an int, not {max_buffers!r}")
+        if type(wait_timeout_s) not in (int, float) or not wait_timeout_s >= 0 or wait_timeout_s == float("inf"):
+            raise ValueError(
+                f"Stager(wait_timeout_s=...) takes a finite number of seconds >= 0, not {wait_timeout_s!r}"
+            )
         if max_buffers < 1:
             raise ValueError(f"max_buffers must be >= 1, got {max_buffers}")
         if async_staging and not async_save_takes_futures():

@@ -73,6 +73,11 @@ class FileSystemReader(_StockReader):
         trusted: bool = False,
         verify: bool = False,
     ) -> None:
+        if _extension_registry is not None and not hasattr(_extension_registry, "from_descriptor_list"):
+            raise TypeError(
+                f"FileSystemReader's second argument is DCP's _extension_registry (an ExtensionRegistry), not "
+                f"{type(_extension_registry).__name__}; hostreg's thread_count is a keyword: thread_count=..."
+            )
         if _extension_registry is None:
             super().__init__(path)
         elif "_extension_registry" in _STOCK_ARGS:

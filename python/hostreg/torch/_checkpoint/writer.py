@@ -115,6 +115,11 @@ class FileSystemWriter(_StockWriter):
         direct_io: bool = True,
     ) -> None:
         check_threads(thread_count)
+        if type(per_thread_copy_ahead) is not int or per_thread_copy_ahead < 0:  # a bool is a moved overwrite=
+            raise TypeError(
+                f"FileSystemWriter's fifth argument is DCP's per_thread_copy_ahead (bytes, an int >= 0), not "
+                f"{per_thread_copy_ahead!r}; overwrite= is the seventh: pass it by keyword"
+            )
         stock: dict[str, Any] = {
             "single_file_per_rank": single_file_per_rank,
             "sync_files": sync_files,
@@ -149,8 +154,9 @@ class FileSystemWriter(_StockWriter):
     def stage(self, state_dict: Any) -> Any:
         """A CPU copy of ``state_dict`` for ``dcp.async_save`` (DCP's ``AsyncStager.stage``,
         used where no ``async_stager=`` is given). With ``cache_staged_state_dict`` the copy
-        lives in a hostreg arena, page-locked by hostreg (not shared), made by the first save and
-        reused by later ones of the same structure (two arenas at most: one may still be
+        lives in a shared hostreg arena, page-locked by hostreg, made by the first save and
+        reused by later ones of the same structure (also with the process checkpointer, which
+        receives a shared arena without a copy) (two arenas at most: one may still be
         written while the next save stages); DCP's own writer pins with ``Tensor.pin_memory()``
         there, which raises on a host without an accelerator. Without it, DCP's: a fresh copy
         each save. :meth:`close` releases the arenas. Raises as
@@ -161,7 +167,7 @@ class FileSystemWriter(_StockWriter):
         if self._stager is None:
             from .._stager import Stager
 
-            self._stager = Stager(pin_memory=True, share_memory=False, max_buffers=2)
+            self._stager = Stager(pin_memory=True, share_memory=True, max_buffers=2)
         return self._stager.stage(state_dict)
 
     def close(self) -> None:
