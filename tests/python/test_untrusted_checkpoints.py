@@ -206,6 +206,27 @@ def test_the_untouched_checkpoint_loads(ckpt: Path):
     assert out["blob"].getvalue() == b"bytes"
 
 
+def test_a_checkpoint_with_the_older_tensor_properties_loads_untrusted(tmp_path: Path):
+    """Checkpoints of older torch name ``TensorProperties`` of ``torch.distributed._shard``
+    (PyTorch's test_compatibility.py keeps loading them): written so here, loaded exactly."""
+    from unittest.mock import patch
+
+    from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
+
+    want = {
+        "a": torch.arange(16.0).reshape(4, 4),
+        "h": torch.ones(3, dtype=torch.float16).to(memory_format=torch.contiguous_format),
+    }
+    with patch("torch.distributed.checkpoint.metadata.TensorProperties", TensorProperties):
+        dcp.save(want, storage_writer=dcp.FileSystemWriter(tmp_path), no_dist=True)
+    assert b"torch.distributed._shard.sharded_tensor.metadata" in (tmp_path / ".metadata").read_bytes()
+    out = {"a": torch.zeros(4, 4), "h": torch.zeros(3, dtype=torch.float16)}
+    dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path), no_dist=True)
+    assert torch.equal(out["a"], want["a"]) and torch.equal(out["h"], want["h"])
+    props = ht.FileSystemReader(tmp_path).read_metadata().state_dict_metadata["h"].properties
+    assert type(props) is TensorProperties and props.dtype == torch.float16
+
+
 def _getattr_pickle(module: str, cls: str, name: str) -> bytes:
     """A pickle of ``getattr(module.cls, name)``, as Python 3.11.2 pickles an enum member."""
     return (

@@ -46,6 +46,10 @@ _ALLOWED = {
     ("torch.distributed.checkpoint.metadata", "StorageMeta"),
     ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    # Older checkpoints' TensorProperties (torch/distributed/_shard/sharded_tensor/metadata.py,
+    # which DCP's metadata.py took it from; PyTorch's test_compatibility.py loads them still).
+    ("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties"),
+    ("torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING"),
     ("torch.serialization", "_get_layout"),
     ("torch", "Size"),
     ("collections", "OrderedDict"),
