@@ -1,0 +1,29 @@
+"""A pytest plugin (``-p upstream_outcomes``) that writes each test's outcome, by node id, as
+JSON to the file ``HOSTREG_DCP_OUTCOMES`` names: ``passed``, ``failed`` (its call failed),
+``error`` (its setup or teardown failed) or ``skipped``; a test with a failed teardown is an
+``error`` even where its call passed."""
+
+import json
+import os
+
+_outcomes: dict[str, str] = {}
+
+
+def pytest_runtest_logreport(report):  # type: ignore[no-untyped-def]
+    now = _outcomes.get(report.nodeid)
+    if report.when == "call" or report.skipped:
+        got = "skipped" if report.skipped else report.outcome
+    elif report.failed:
+        got = "error"
+    else:
+        return
+    if now in ("failed", "error"):
+        return
+    _outcomes[report.nodeid] = got
+
+
+def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
+    path = os.environ.get("HOSTREG_DCP_OUTCOMES")
+    if path:
+        with open(path, "w") as f:
+            json.dump(_outcomes, f, indent=0, sort_keys=True)
