@@ -13,6 +13,8 @@ aarch64 Python under qemu-user). Prints one JSON line; exits 1 at the first fail
   plan and layout) by hostreg's FileSystemWriter and SavePlanner with dcp.save and read back
   by dcp.load with torch's own FileSystemReader and with hostreg's reader and LoadPlanner,
   bit-exact;
+- torch's own ``_create_cpu_state_dict(..., pin_memory=True, share_memory=True)`` with the
+  drop-in installed: its tensors locked, and unlocked when freed;
 - once (torch-first): a DTensor staged by a Stager stays a DTensor, its local tensor pinned.
 """
 
@@ -131,10 +133,38 @@ def main() -> None:
         check(torch.equal(back["w"], sd["w"]), "hostreg's reader and LoadPlanner, bit-exact")
         del staged
         out["staged_and_saved"] = True
+        out["torch_create_cpu_state_dict"] = torch_pins_through_the_drop_in(torch, ht, sd)
         if order == "torch-first":  # once a wheel: DTensor's module differs between torch versions
             stage_a_dtensor(torch, ht, scratch)
             out["dtensor_staged"] = True
     print(json.dumps(out))
+
+
+def torch_pins_through_the_drop_in(torch, ht, sd: dict) -> dict:
+    """torch's own ``_create_cpu_state_dict(sd, pin_memory=True, share_memory=True)`` (what
+    DCP's staging calls; it reaches ``torch.cuda.cudart().cudaHostRegister``, or from torch 2.8
+    ``torch.cuda._pin_memory_utils``, and fails on a CPU build without the drop-in), three
+    times, each result dropped before the next (as a trainer restaging does): with
+    ``install()`` its shared tensors are locked (VmLck). Returns whether the lock went once a
+    result was dropped: torch 2.5's finalizer holds its tensor (``weakref.finalize(t, ...,
+    t)``), so there it goes only at exit, where the drop-in must still answer; the drop-in
+    stays installed for that."""
+    import gc
+
+    from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+    before = vmlck_kib()
+    ht.install()
+    freed = []
+    for _ in range(3):
+        start = vmlck_kib()
+        made = _create_cpu_state_dict(sd, pin_memory=True, share_memory=True)
+        check(made["w"].shape == sd["w"].shape and made["w"].is_shared(), "torch's _create_cpu_state_dict, shared")
+        check(vmlck_kib() - start >= (512 * 256 * 4) >> 10, "torch's _create_cpu_state_dict locked its tensors")
+        del made
+        gc.collect()
+        freed.append(vmlck_kib() == before)
+    return {"restaged": 3, "unlocked_when_dropped": all(freed)}
 
 
 def stage_a_dtensor(torch, ht, scratch: str) -> None:
