@@ -37,6 +37,12 @@ def test_checkpoint_id_round_trip(tmp_path):
     assert torch.equal(back["w"], sd["w"]) and torch.equal(back["b"], sd["b"])
 
 
+def test_torchs_own_subclasses_stay_dcps():
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+
+    assert HuggingFaceStorageWriter.__mro__[1].__module__ == "torch.distributed.checkpoint.filesystem"
+
+
 def test_writer_by_class(tmp_path):
     sd = {"x": torch.randn(64, 64)}
     dcp.save(sd, storage_writer=FileSystemWriter(str(tmp_path), single_file_per_rank=False))
@@ -47,18 +53,44 @@ def test_writer_by_class(tmp_path):
 
 # Passes only with DCP's classes, and saves through DCP's class whatever is swapped.
 NOT_DROP_IN = """
+import atexit
+import os
+import signal
+import unittest
+
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
+SWAPPED = FileSystemWriter.__module__.startswith("hostreg")
+
 
 def test_needs_dcps_own_class():
-    assert FileSystemWriter.__module__ == "torch.distributed.checkpoint.filesystem"
+    assert not SWAPPED
 
 
 def test_bypasses_the_swap(tmp_path):
     from hostreg.torch._checkpoint.writer import _StockWriter  # DCP's class, as hostreg imported it
     dcp.save({"x": torch.ones(4)}, storage_writer=_StockWriter(str(tmp_path)))
+
+
+def test_mixes_the_swapped_class_with_dcps(tmp_path):
+    dcp.save({"x": torch.ones(4)}, checkpoint_id=str(tmp_path / "a"))  # the swapped class
+    from hostreg.torch._checkpoint.writer import _StockWriter
+    dcp.save({"x": torch.ones(4)}, storage_writer=_StockWriter(str(tmp_path / "b")))
+
+
+class TestSubtests(unittest.TestCase):
+    def test_a_subtest_skipped_only_swapped(self):
+        for fmt in ("a", "b"):
+            with self.subTest(fmt=fmt):
+                if SWAPPED and fmt == "b":
+                    self.skipTest("only swapped")
+
+
+def test_crashes_at_exit_only_swapped():
+    if SWAPPED:
+        atexit.register(lambda: os.kill(os.getpid(), signal.SIGSEGV))
 """
 
 
@@ -87,6 +119,7 @@ def test_runner_passes_a_drop_in_and_proves_hostregs_classes_did_the_io(tmp_path
         assert report[run]["outcomes"] == {
             node: "passed",
             node.replace("test_checkpoint_id_round_trip", "test_writer_by_class"): "passed",
+            node.replace("test_checkpoint_id_round_trip", "test_torchs_own_subclasses_stay_dcps"): "passed",
         }
     assert report["stock"]["io"][node] == {
         "dcp-writer": 1,
@@ -109,14 +142,33 @@ def test_runner_fails_a_test_lost_in_the_swap_and_a_swap_not_in_effect(tmp_path:
         timeout=600,
     )
     assert r.returncode == 1, r.stdout + r.stderr
-    assert (
-        "writer: test/distributed/checkpoint/test_not_drop_in.py::test_needs_dcps_own_class passed stock, failed swapped"
-        in r.stdout
+    node = "test/distributed/checkpoint/test_not_drop_in.py::"
+    for says in (
+        f"writer: {node}test_needs_dcps_own_class passed stock, failed swapped",
+        f"writer: {node}test_bypasses_the_swap: dcp-writer in the stock run, no hostreg-writer or hostreg-writer-stock here",
+        f"writer: {node}test_mixes_the_swapped_class_with_dcps: dcp-writer in a run that swaps the writer",
+        f"writer: {node}TestSubtests::test_a_subtest_skipped_only_swapped passed stock, skipped swapped",
+        "writer: test_not_drop_in.py: pytest exited with status -11 (stock: 0)",
+    ):
+        assert says in r.stdout, says + "\n" + r.stdout
+    assert r.stdout.count(" passed stock, ") == 2, r.stdout
+
+
+def test_the_hook_says_when_it_could_not_swap(tmp_path: Path):
+    # Python only warns when sitecustomize raises: the hook leaves its error where the runner
+    # looks, and the runner fails the run (a run with nothing swapped must not pass).
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO / "tests" / "upstream" / "hook"),
+        HOSTREG_DCP_SWAP="writer,bogus",
+        HOSTREG_DCP_SWAP_LOG=str(tmp_path),
     )
-    assert (
-        "writer: test/distributed/checkpoint/test_not_drop_in.py::test_bypasses_the_swap: dcp-writer in the stock run, "
-        "no hostreg-writer or hostreg-writer-stock here"
-    ) in r.stdout
+    r = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True, timeout=120)
+    (marker,) = tmp_path.glob("*.hook")
+    assert marker.read_text().startswith("error: ") and "unknown part(s) ['bogus']" in marker.read_text()
+    env["HOSTREG_DCP_SWAP"] = "writer"
+    subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True, timeout=120)
+    assert sorted(m.read_text()[:6] for m in tmp_path.glob("*.hook")) == ["error:", "ok\n"], r.stderr
 
 
 def test_runner_refuses_a_folder_without_the_tests(tmp_path: Path):

@@ -25,11 +25,23 @@ The names replaced are the ones DCP's code and the tests import: ``FileSystemWri
 ``FileSystemReader`` in ``torch.distributed.checkpoint``, ``.filesystem`` and
 ``._storage_utils`` (which builds them for ``checkpoint_id=``), ``DefaultSavePlanner`` and
 ``DefaultLoadPlanner`` in ``torch.distributed.checkpoint``, ``.default_planner`` and the
-modules of ``dcp.save`` / ``dcp.load`` (their defaults). Classes already defined as subclasses
-of DCP's (in torch's own modules) stay what they are.
+modules of ``dcp.save`` / ``dcp.load`` (their defaults). torch's own subclasses of DCP's
+classes (``FsspecWriter``, the Hugging Face ones, format_utils' planner) stay subclasses of
+DCP's: their modules are imported before the swap, and their work is not logged as DCP's.
+
+DCP's labels are not logged while hostreg's class is running (hostreg's writer and reader hand
+some work to DCP's code on purpose: ``hostreg-writer-stock``, items with stream transforms), so
+a DCP label in a swapped run means DCP's class was used instead of hostreg's.
+
+Each process writes ``<pid>.hook`` in the log folder: ``ok`` once the swap is in place, or the
+error that stopped it (Python only warns when ``sitecustomize`` fails, and runs on).
 """
 
 import os
+import threading
+import traceback
+
+_inside = threading.local()  # depth of hostreg's logged methods running on this thread
 
 
 def _log(what: str) -> None:
@@ -46,9 +58,16 @@ def _wrap(cls: type, name: str, what) -> None:  # type: ignore[no-untyped-def]
 
     def logged(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         label = what(self) if callable(what) else what
-        if label:
+        ours = bool(label) and label.startswith("hostreg-")
+        if label and (ours or not getattr(_inside, "depth", 0)):
             _log(label)
-        return original(self, *args, **kwargs)
+        if not ours:
+            return original(self, *args, **kwargs)
+        _inside.depth = getattr(_inside, "depth", 0) + 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _inside.depth -= 1
 
     logged.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(cls, name, logged)
@@ -70,8 +89,28 @@ def _install() -> None:
     from hostreg.torch._checkpoint import reader as hr_reader
     from hostreg.torch._checkpoint import writer as hr_writer
 
-    _wrap(filesystem.FileSystemWriter, "write_data", "dcp-writer")
-    _wrap(filesystem.FileSystemReader, "read_data", "dcp-reader")
+    for subclasses in ("_fsspec_filesystem", "hf_storage"):  # defined on DCP's classes, as in a user's process
+        try:
+            __import__(f"torch.distributed.checkpoint.{subclasses}")
+        except ImportError:  # fsspec (or what the module needs) is not installed: its tests skip
+            pass
+
+    originals = (filesystem.FileSystemWriter, filesystem.FileSystemReader)  # before the swap
+
+    def dcp_class(label: str):  # type: ignore[no-untyped-def]
+        """``label`` for DCP's class itself or a test's own subclass of it; None for torch's
+        own subclasses (never swapped)."""
+
+        def which(obj) -> "str | None":  # type: ignore[no-untyped-def]
+            cls = type(obj)
+            if cls in originals:
+                return label
+            return None if cls.__module__.startswith("torch.") else label
+
+        return which
+
+    _wrap(filesystem.FileSystemWriter, "write_data", dcp_class("dcp-writer"))
+    _wrap(filesystem.FileSystemReader, "read_data", dcp_class("dcp-reader"))
     _wrap(hr_writer.FileSystemWriter, "write_data", lambda w: "hostreg-writer-stock" if w.stock else "hostreg-writer")
     _wrap(hr_reader.FileSystemReader, "read_data", "hostreg-reader")
     _wrap(hr_reader.FileSystemReader, "_read_file", "hostreg-reader-file")
@@ -96,5 +135,17 @@ def _install() -> None:
             m.DefaultLoadPlanner = ht.LoadPlanner  # type: ignore[attr-defined]
 
 
+def _main() -> None:
+    marker = os.path.join(os.environ["HOSTREG_DCP_SWAP_LOG"], f"{os.getpid()}.hook")
+    try:
+        _install()
+    except BaseException:
+        with open(marker, "w") as f:
+            f.write("error: " + traceback.format_exc())
+        raise
+    with open(marker, "w") as f:
+        f.write("ok\n")
+
+
 if os.environ.get("HOSTREG_DCP_SWAP_LOG") is not None:
-    _install()
+    _main()
