@@ -13,7 +13,8 @@ unset: nothing is swapped (the stock run), the I/O is still logged.
   stream transforms, it hands on to DCP's code);
 - ``hostreg-reader-file``: hostreg's reader read one file itself;
 - ``dcp-writer`` / ``dcp-reader``: DCP's ``FileSystemWriter.write_data`` /
-  ``FileSystemReader.read_data`` ran (also where hostreg's classes hand items on to them);
+  ``FileSystemReader.read_data`` ran on DCP's class or a test's own subclass of it (not where
+  hostreg's classes hand work on to them: see below);
 - ``dcp-save-planner`` / ``dcp-load-planner``: DCP's ``DefaultSavePlanner`` /
   ``DefaultLoadPlanner`` (the class itself, not a subclass) made a local plan;
 - ``hostreg-save-planner`` / ``hostreg-load-planner``: hostreg's planner made a local plan.
