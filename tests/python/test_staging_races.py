@@ -22,7 +22,7 @@ RACES = textwrap.dedent(
     from hostreg import StagingError
 
     N, K = 1 << 21, 4  # 8 MiB a tensor, 4 tensors: a stage copies for a few ms
-    ITERATIONS, THREADS = 1000, 4
+    ITERATIONS, THREADS = 400, 4
     outcomes = {"staged": 0, "refused": 0}
     lock = threading.Lock()
     wrong = []
@@ -73,5 +73,5 @@ def test_sources_freed_resized_or_reused_during_async_staging_never_crash():
     line = next(x for x in r.stdout.splitlines() if x.startswith("outcomes"))
     _, staged, refused, _, wrong, *_ = line.split(maxsplit=5)
     assert int(wrong) == 0, line  # a stage that succeeded has exactly the sources' bytes
-    assert int(staged) + int(refused) == 1000, line
+    assert int(staged) + int(refused) == 400, line
     assert int(staged) > 0 and int(refused) > 0, line  # both outcomes happened: the races were run

@@ -15,7 +15,8 @@ aarch64 Python under qemu-user). Prints one JSON line; exits 1 at the first fail
   bit-exact;
 - torch's own ``_create_cpu_state_dict(..., pin_memory=True, share_memory=True)`` with the
   drop-in installed: its tensors locked, and unlocked when freed;
-- once (torch-first): a DTensor staged by a Stager stays a DTensor, its local tensor pinned.
+- a DTensor staged by a Stager stays a DTensor, its local tensor pinned (in either import
+  order: DTensor's module differs between torch versions, and is imported late).
 """
 
 from __future__ import annotations
@@ -134,9 +135,8 @@ def main() -> None:
         del staged
         out["staged_and_saved"] = True
         out["torch_create_cpu_state_dict"] = torch_pins_through_the_drop_in(torch, ht, sd)
-        if order == "torch-first":  # once a wheel: DTensor's module differs between torch versions
-            stage_a_dtensor(torch, ht, scratch)
-            out["dtensor_staged"] = True
+        stage_a_dtensor(torch, ht, scratch)
+        out["dtensor_staged"] = True
     print(json.dumps(out))
 
 
