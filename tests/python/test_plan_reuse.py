@@ -6,9 +6,11 @@ plan caching in the same process changes none of it; two ranks over gloo."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -325,6 +327,42 @@ def test_load_planner_makes_the_read_items_dcps_makes(tmp_path: Path):
     for k, v in flat(sd).items():
         if isinstance(v, torch.Tensor):
             assert torch.equal(flat(dest)[k], v), k
+
+
+def _global_plans(planner: DefaultSavePlanner, local: list) -> tuple[list, Any]:
+    plans, md = planner._create_global_plan(local)
+    return [[vars(i) | {"index": vars(i.index)} for i in p.items] for p in plans], md
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_global_plan_is_dcps(ranks: int):
+    """hostreg's SavePlanner's first global plan (global_plan.py) against DCP's: the same items
+    (every field, the rewritten chunk index), Metadata and planner data, for one rank's plan
+    (no dedup) and two ranks' (replicated tensors deduplicated by DCP's code); a plan whose
+    chunk lies outside its tensor fails DCP's validation as it does with DCP's planner."""
+    sd = base(0) | {"empty": torch.empty(0, 3), "scalar": torch.tensor(2.5), "blob": io.BytesIO(b"x")}
+    local = []
+    for rank in range(ranks):
+        p = DefaultSavePlanner()
+        p.set_up_planner(sd, None, rank == 0)
+        local.append(p.create_local_plan())
+    want_items, want_md = _global_plans(DefaultSavePlanner(), local)
+    got_items, got_md = _global_plans(ht.SavePlanner(), local)
+    assert got_items == want_items and sum(map(len, got_items)) > 10
+    assert (
+        got_md == want_md
+        and got_md.planner_data == want_md.planner_data
+        and pickle.dumps(got_md) == pickle.dumps(want_md)
+    )
+    if ranks == 2:
+        assert len(got_items[0]) != len(got_items[1])  # DCP's dedup ran: the ranks split the items
+    item = local[0].items[0]
+    chunk = dataclasses.replace(item.tensor_data.chunk, offsets=torch.Size([5] * len(item.tensor_data.size)))
+    bad = dataclasses.replace(item, tensor_data=dataclasses.replace(item.tensor_data, chunk=chunk))
+    broken = [dataclasses.replace(local[0], items=[bad, *local[0].items[1:]]), *local[1:]]
+    for planner in (DefaultSavePlanner(), ht.SavePlanner()):
+        with pytest.raises(ValueError, match="Failed to validate global plan: key:.*out of bounds chunk"):
+            planner._create_global_plan(broken)
 
 
 @pytest.mark.parametrize("kind", KINDS)

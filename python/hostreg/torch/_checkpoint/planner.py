@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint import default_planner as _dcp_planner
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
@@ -45,6 +46,7 @@ from .._collector import collector_paused
 from .._dtensor import dtensor_type, placement_of
 from .._sources import _views
 from . import keyed
+from .global_plan import global_save_plan, merged_planner_data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,6 +420,28 @@ class SavePlanner(DefaultSavePlanner):
             return plans, metadata
         with collector_paused():
             return super().create_global_plan(all_plans)
+
+    def _dedup_save_plans(self, all_plans: list[SavePlan]) -> list[SavePlan]:
+        # DCP's (torch >= 2.6) keeps every item of a lone plan: nothing to deduplicate.
+        if len(all_plans) == 1:
+            return list(all_plans)
+        return super()._dedup_save_plans(all_plans)
+
+    def _create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Any]:
+        # DCP's (torch >= 2.6, which calls it; default_planner.py), its index rewrite made as in
+        # global_plan.py; the same plans, Metadata and ValueError.
+        plans, metadata = global_save_plan(self._dedup_save_plans(all_plans))
+        if self.flatten_state_dict:
+            metadata = dataclasses.replace(metadata, planner_data=merged_planner_data(plans))
+        errors = _dcp_planner._validate_global_plan(plans, metadata)
+        if errors is False:  # torch versions whose check answers a bool
+            raise ValueError("Failed to validate global plan")
+        if isinstance(errors, list) and errors:
+            summary = "; ".join(errors)
+            raise ValueError(
+                f"Failed to validate global plan: {summary[:500] + '... (truncated)' if len(summary) > 500 else summary}"
+            )
+        return plans, metadata
 
     def resolve_all(self, plan: SavePlan) -> list[Any] | None:
         """Every item's data as :meth:`resolve_data` gives it, in ``plan``'s order, without a
