@@ -11,6 +11,7 @@ other case (DTensors, sharded or resharded tensors, bytes) to DCP's own code, it
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from torch.distributed.checkpoint.planner_helpers import _create_read_items
 
 from .._collector import collector_paused
 from .._dtensor import dtensor_type
+from .index import Entries
 
 _ZEROS: dict[int, torch.Size] = {}
 _SCALARS = (int, float, bool, str, bytes, type(None))  # leaves DCP's flattening keeps as they are
@@ -56,6 +58,51 @@ class _ItemFactory:
 
 
 _factory: _ItemFactory | None = None
+
+
+def _whole_item(fqn: str, size: tuple[int, ...]) -> ReadItem:
+    global _factory
+    if _factory is None:
+        _factory = _ItemFactory()
+    return _factory.whole(fqn, torch.Size(size))
+
+
+class RowItems(Sequence):
+    """A local plan's read items where some are whole tensors of an index (``index.py``): an
+    int (the entry's row) stands for such an item, made as a ``ReadItem`` (the one DCP's code
+    would make) only when asked for; hostreg's reader reads the rows without making them.
+    Everything else sees a sequence of ``ReadItem`` in the state dict's order; pickled (to
+    other ranks) as a list of them."""
+
+    def __init__(self, index: Any, slots: list[Any]) -> None:
+        self.index = index
+        self.slots = slots  # int: a row of index read whole; else a ReadItem
+
+    def _item(self, slot: Any) -> ReadItem:
+        if type(slot) is int:
+            return _whole_item(self.index.names[slot], self.index.size(slot))
+        return slot
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._item(s) for s in self.slots[i]]
+        return self._item(self.slots[i])
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __iter__(self) -> Iterator[ReadItem]:
+        return map(self._item, self.slots)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, RowItems)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return (list, (list(self),))
 
 
 class _NotFlat(Exception):
@@ -184,6 +231,8 @@ class LoadPlanner(DefaultLoadPlanner):
             # DCP's test for a checkpoint of torch <= 2.3 (keys it has that the state dict lacks
             # are keys of the old flattening): its own code switches and plans.
             return super().create_local_plan()
+        if isinstance(stored, Entries):
+            return self._indexed_plan(stored.index)
         if _factory is None:
             _factory = _ItemFactory()
         whole = _factory.whole
@@ -221,3 +270,33 @@ class LoadPlanner(DefaultLoadPlanner):
                 continue  # a DTensor of a submesh this rank is not in
             items += _create_read_items(fqn, smd, obj)
         return LoadPlan(items)
+
+    def _indexed_plan(self, index: Any) -> LoadPlan:
+        """The plan of :meth:`_local_plan` from an index (``index.py``): a plain tensor read
+        whole from an entry stored whole is its row (:class:`RowItems`), found without making
+        the entry's objects; every other item as DCP's code makes it."""
+        row, whole_sizes = index.row, index.whole_sizes()
+        strict = not self.allow_partial_load
+        dt = dtensor_type()
+        plain = torch.Tensor
+        slots: list[Any] = []
+        for fqn, obj in self.state_dict.items():
+            r = row.get(fqn)
+            if r is None:
+                if strict:
+                    raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")
+                continue
+            if type(obj) is plain and whole_sizes[r] is not None and obj.shape == whole_sizes[r]:
+                slots.append(r)
+                continue
+            smd = index.entry(r)
+            if (
+                isinstance(smd, TensorStorageMetadata)
+                and getattr(obj, "size", None) is not None
+                and smd.size != obj.size()
+            ):
+                raise ValueError(f"Size mismatch between saved {smd.size} and current: {obj.size()} for {fqn}")
+            if dt is not None and isinstance(obj, dt) and obj.device_mesh.get_coordinate() is None:  # type: ignore[attr-defined]
+                continue  # a DTensor of a submesh this rank is not in
+            slots += _create_read_items(fqn, smd, obj)
+        return LoadPlan(RowItems(index, slots))  # type: ignore[arg-type]

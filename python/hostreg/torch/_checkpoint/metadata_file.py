@@ -18,7 +18,9 @@ structure saved before, with the same global plan and the same fixed parts on ev
   overwrites the prefix's memo.
 
 The result unpickles to the same ``Metadata`` as ``pickle.dump`` of it would (the opcodes are
-Python's pickle protocol, ``Lib/pickletools.py``); DCP's stock reader reads it as any other.
+Python's pickle protocol, ``Lib/pickletools.py``), with one more attribute: the index of
+``index.py`` (a ``bytes`` value, the state's last item, its columns made once per structure
+with the prefix); DCP's stock reader reads it as any other.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 from torch.distributed.checkpoint.metadata import Metadata
 
 from .._collector import collector_paused
+from . import index as _index
 from . import keyed
 
 _CUT = b"ub."  # SETITEMS, BUILD, STOP: the end of a pickled object whose state is a dict of 2+ items
@@ -72,10 +75,12 @@ def _shape(metadata: Metadata) -> dict[str, Any]:
 
 
 class _Prefix:
-    __slots__ = ("fields", "fixed", "storage_data", "prefix")
+    __slots__ = ("fields", "fixed", "storage_data", "prefix", "body")
 
-    def __init__(self, fields: dict[str, Any], fixed: list[list], storage_data: dict, prefix: bytes) -> None:
-        self.fields, self.fixed, self.storage_data, self.prefix = fields, fixed, storage_data, prefix
+    def __init__(
+        self, fields: dict[str, Any], fixed: list[list], storage_data: dict, prefix: bytes, body: _index.Body | None
+    ) -> None:
+        self.fields, self.fixed, self.storage_data, self.prefix, self.body = fields, fixed, storage_data, prefix, body
 
     def fits(self, fields: dict[str, Any], fixed: list) -> bool:
         """Made of these very fields (the planner's remembered objects: compared by identity;
@@ -96,9 +101,20 @@ def _make_prefix(fields: dict[str, Any], fixed: list[list]) -> _Prefix:
     pre.__dict__.update(state)
     with collector_paused():  # a reduce tuple per object pickled: no full collections over them meanwhile
         raw = pickle.dumps(pre, protocol=4)
+        try:
+            body: _index.Body | None = _index.Body(
+                fields["state_dict_metadata"], fields.get("planner_data"), storage_data
+            )
+        except _index.Unindexable:
+            body = None
     if len(state) < 2 or not raw.endswith(_CUT):
         raise AssertionError("unexpected pickle of Metadata")  # the state is a dict of 2+ items
-    return _Prefix(fields, fixed, storage_data, _cut_frames(raw, len(_CUT)))
+    return _Prefix(fields, fixed, storage_data, _cut_frames(raw, len(_CUT)), body)
+
+
+def _with_index(index: bytes | None) -> bytes:
+    """The opcodes that add ``index`` as the state's last item (nothing for None)."""
+    return b"" if index is None else _fast(_index.KEY) + _fast(index)
 
 
 _FRAME = struct.Struct("<BQ")  # protocol 4's FRAME opcode (0x95) and the frame's length
@@ -135,7 +151,11 @@ def metadata_bytes(metadata: Metadata, results: list[list]) -> bytes:
     if any(f is None for f in fixed):
         metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
         with collector_paused():
-            return pickle.dumps(metadata, protocol=4)
+            raw = pickle.dumps(metadata, protocol=4)
+            index = _index.build(metadata)
+        if index is None or not raw.endswith(_CUT):
+            return raw
+        return _cut_frames(raw, len(_CUT)) + _with_index(index) + _CUT
     fields = _shape(metadata)
     key = (*map(id, fields.values()), *map(id, fixed))
     with _lock:
@@ -152,8 +172,14 @@ def metadata_bytes(metadata: Metadata, results: list[list]) -> bytes:
     suffix = b""
     if rest:
         suffix += b"(" + b"".join(_fast(k) + _fast(v) for k, v in rest.items()) + b"u"
-    suffix += _fast("storage_meta") + _fast(metadata.storage_meta) + _CUT
-    return got.prefix + suffix
+    suffix += _fast("storage_meta") + _fast(metadata.storage_meta)
+    index = None
+    if got.body is not None:
+        try:
+            index = got.body.finish(rest, {k: v for k, v in vars(metadata).items() if k not in _index.OWN})
+        except _index.Unindexable:
+            pass
+    return got.prefix + suffix + _with_index(index) + _CUT
 
 
 def clear() -> None:

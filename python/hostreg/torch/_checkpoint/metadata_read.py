@@ -189,6 +189,15 @@ def load_metadata(path: str, trusted: bool) -> Any:
     n, intact = split_trailer(raw)
     if intact is False:
         raise UntrustedMetadataError(f"{path} is damaged: its bytes do not have the CRC-32 its writer gave them")
+    if intact:  # written by hostreg: its index, where it has one, stands for the pickle (index.py)
+        from . import index as _index
+
+        view = _index.find(raw, n)
+        if view is not None:
+            try:
+                return _index.Index(view, path).metadata()
+            except (_index.BadIndex, UntrustedMetadataError, pickle.UnpicklingError, EOFError, UnicodeDecodeError):
+                pass  # unpickled whole below, as any other
     stream = io.BytesIO(raw)
     try:
         if trusted:
@@ -215,6 +224,13 @@ def check_storage(metadata: Any, directory: str) -> None:
     length that is not a non-negative integer. (Offsets past a file's end are found when the
     file is read: an ``OSError``.)"""
     storage = getattr(metadata, "storage_data", None)
+    from .index import Storage
+
+    if isinstance(storage, Storage):  # from an index: offsets checked as it was read; its files here
+        for rel in set(storage.index.files):
+            if rel in ("", ".", "..") or os.sep in rel or "\0" in rel or not _plain(directory, rel):
+                raise ValueError(f"the index of {directory} names file {rel!r}, which is not a file of it")
+        return
     if not isinstance(storage, dict):
         raise ValueError(f"the metadata of {directory} has no storage_data mapping")
     names: dict[str, bool] = {}
@@ -262,19 +278,31 @@ def check_bytes_item(key: str, raw: bytes) -> None:
         ) from e
 
 
-def check_ranges(name: str, size: int, reqs: list[Any], infos: list[Any]) -> None:
+def check_ranges(name: str, size: int, reqs: Any, infos: list[Any]) -> None:
     """Raises ``ValueError`` naming the item where the items ``reqs`` of file ``name`` (``size``
     bytes; ``infos``: each one's ``_StorageInfo``) run past its end (a truncated file, or
-    metadata of another) or overlap one another (no writer lays items out so)."""
-    first = {id(i): (i, r) for i, r in zip(infos, reqs)}
-    end = 0
-    for info, req in sorted(first.values(), key=lambda p: p[0].offset):
-        stop = info.offset + info.length
-        what = f"{req.storage_index.fqn}: bytes {info.offset} to {stop} of {name}"
-        if stop > size:
-            raise ValueError(
-                f"{what} run past the end of {name} ({size} bytes): truncated, or not this file's metadata"
-            )
-        if info.offset < end:
-            raise ValueError(f"{what} overlap another item's (at most up to byte {end})")
-        end = stop
+    metadata of another) or overlap one another (no writer lays items out so). ``reqs`` is
+    indexed only to name an item in an error."""
+    seen: dict[int, int] = {}
+    for k, info in enumerate(infos):
+        seen.setdefault(id(info), k)
+    ks = list(seen.values())
+
+    def what(k: int) -> str:
+        info = infos[k]
+        return f"{reqs[k].storage_index.fqn}: bytes {info.offset} to {info.offset + info.length} of {name}"
+
+    past = [k for k in ks if infos[k].offset + infos[k].length > size]
+    if past:
+        k = min(past, key=lambda k: infos[k].offset)
+        raise ValueError(f"{what(k)} run past the end of {name} ({size} bytes): truncated, or not this file's metadata")
+    if len(ks) < 2:
+        return
+    offs = torch.tensor([infos[k].offset for k in ks], dtype=torch.int64)
+    stops = offs + torch.tensor([infos[k].length for k in ks], dtype=torch.int64)
+    order = torch.argsort(offs, stable=True)
+    offs, ends = offs[order], torch.cummax(stops[order], 0).values
+    bad = (offs[1:] < ends[:-1]).nonzero()
+    if len(bad):
+        j = int(bad[0]) + 1
+        raise ValueError(f"{what(ks[int(order[j])])} overlap another item's (at most up to byte {int(ends[j - 1])})")

@@ -25,6 +25,7 @@ from . import container_read as _container
 from . import metadata_read as _metadata_read
 from . import read_chunks as _chunks
 from .files import BLOCK, METADATA, IoStats, _address, _open, _raise_io, check_threads, threads_for
+from .load_planner import RowItems
 from .load_planner import destinations as _destinations
 
 _STOCK_ARGS = frozenset(inspect.signature(_StockReader.__init__).parameters)  # the installed torch's
@@ -100,20 +101,29 @@ class FileSystemReader(_StockReader):
 
     def _read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         self.stats = IoStats()
+        items: Any = plan.items
         if self.verify:
-            self._verify({self.storage_data[r.storage_index].relative_path for r in plan.items})
+            self._verify({self.storage_data[r.storage_index].relative_path for r in items})
+        # A plan of hostreg's LoadPlanner from this reader's index (index.py): its whole
+        # tensors are rows of the index, read without making their ReadItems.
+        index = getattr(self, "_index", None)
+        rows = isinstance(items, RowItems) and items.index is index and _destinations(planner, []) is not None
         per_file: dict[str, tuple[list[Any], list[Any]]] = {}  # relative path -> (reads, their items' _StorageInfo)
         slow: list[Any] = []
-        for req in plan.items:
-            info = self.storage_data[req.storage_index]
-            if getattr(info, "transform_descriptors", None):
-                slow.append(req)
+        for req in items.slots if rows else items:
+            if rows and type(req) is int:
+                info = index.info(index.first_chunk[req])
             else:
-                reqs, infos = per_file.setdefault(info.relative_path, ([], []))
-                reqs.append(req)
-                infos.append(info)
+                info = self.storage_data[req.storage_index]
+                if getattr(info, "transform_descriptors", None):
+                    slow.append(req)
+                    continue
+            reqs, infos = per_file.setdefault(info.relative_path, ([], []))
+            reqs.append(req)
+            infos.append(info)
         for rel, (reqs, infos) in per_file.items():
-            slow += self._read_file(os.path.join(os.fspath(self.path), rel), reqs, infos, planner)
+            got = _Reqs(items, reqs) if rows else reqs
+            slow += self._read_file(os.path.join(os.fspath(self.path), rel), got, infos, planner)
         if slow:
             super().read_data(dataclasses.replace(plan, items=slow), planner).wait()
         fut: Future[None] = Future()
@@ -175,6 +185,7 @@ class FileSystemReader(_StockReader):
         _metadata_read.check_storage(metadata, os.fspath(self.path))
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._metadata = metadata  # each stored chunk's dtype and shape (the fast check of a container)
+        self._index = getattr(metadata.storage_data, "index", None)  # where read_metadata found one (index.py)
 
     def _stored_as(self, index: Any) -> tuple[torch.dtype, tuple[int, ...]] | None:
         """The dtype and shape the metadata gives the stored chunk ``index``, or None."""
@@ -200,13 +211,17 @@ class FileSystemReader(_StockReader):
         small: dict[int, Any] = {}
         large: dict[int, Any] = {}
         items_of: dict[int, list[int]] = {}  # id(info) -> the items read from it
-        for i, (req, info) in enumerate(zip(reqs, infos)):
+        if isinstance(reqs, _Reqs):
+            kinds, dests = reqs.kinds(), reqs.destinations(planner)
+        else:
+            kinds = [req.type for req in reqs]
+            dests = _destinations(planner, reqs)  # whole plain tensors' destinations at once, or None
+        for i, (kind, info) in enumerate(zip(kinds, infos)):
             got = items_of.get(id(info))
             if got is None:
                 items_of[id(info)] = got = []
-                (small if req.type == byte_io or info.length <= WHOLE else large)[id(info)] = info
+                (small if kind == byte_io or info.length <= WHOLE else large)[id(info)] = info
             got.append(i)
-        dests = _destinations(planner, reqs)  # whole plain tensors' destinations at once, or None
         commit = type(planner).commit_tensor is not DefaultLoadPlanner.commit_tensor  # DCP's does nothing
         slow: list[Any] = []
         read = functools.partial(self._transfer, fd)
@@ -222,7 +237,7 @@ class FileSystemReader(_StockReader):
                 for i in rest:
                     req, info = reqs[i], infos[i]
                     where = at[id(info)]
-                    if req.type == byte_io:
+                    if kinds[i] == byte_io:
                         raw = bytes(buf[where : where + info.length])
                         if not self.trusted:
                             _metadata_read.check_bytes_item(req.storage_index.fqn, raw)
@@ -354,6 +369,37 @@ class FileSystemReader(_StockReader):
         for d in range(1, len(shape)):
             view = view.narrow(d, offs[d], lens[d])
         return view
+
+
+class _Reqs:
+    """One file's reads of a :class:`RowItems` plan: an int is a whole tensor's row of the
+    index, made a ``ReadItem`` only where one is asked for (``reqs[i]``)."""
+
+    def __init__(self, items: RowItems, slots: list[Any]) -> None:
+        self.items, self.slots = items, slots
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items._item(self.slots[i])
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def kinds(self) -> list[Any]:
+        tensor = LoadItemType.TENSOR
+        return [tensor if type(s) is int else s.type for s in self.slots]
+
+    def destinations(self, planner: Any) -> list[torch.Tensor | None]:
+        """As ``load_planner.destinations`` (the planner is one it answers for): a row's is the
+        state dict's tensor of that name, which the planner found to be a plain tensor of the
+        stored size."""
+        get, names = planner.state_dict.__getitem__, self.items.index.names
+        out: list[torch.Tensor | None] = []
+        for s in self.slots:
+            if type(s) is int:
+                out.append(get(names[s]))
+            else:
+                out += _destinations(planner, [s]) or [None]
+        return out
 
 
 def _staging(nbytes: int, file_offset: int, pinned: bool) -> torch.Tensor:

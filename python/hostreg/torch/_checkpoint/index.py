@@ -1,0 +1,451 @@
+"""A compact index of a checkpoint's ``Metadata``, carried inside ``.metadata`` (docs/checkpoint.md,
+"The index in .metadata").
+
+DCP's ``.metadata`` is one pickle of a ``Metadata``: unpickling it makes about 15 Python objects
+an item (65,536 items: over a second, and a full collection of Python's cyclic collector over
+them after), before a load has read a byte of data. hostreg's writer adds the same facts in
+columns, as one more ``bytes`` value of the pickled object's state (key ``_hostreg_index``,
+pickled last): DCP's reader, and older hostreg readers, unpickle it as an attribute they never
+look at; hostreg's reader finds it at the end of the pickle without unpickling the rest
+(:func:`find`), and gives DCP a ``Metadata`` whose ``state_dict_metadata``, ``storage_data``
+and ``planner_data`` are mappings that make an entry's objects when it is looked up
+(:class:`Index`). hostreg's ``LoadPlanner`` plans from the columns, and hostreg's reader reads
+from them, without those objects.
+
+Layout (little-endian; ``q``: int64 arrays of Python's ``array`` module):
+
+====================  ===========================================================================
+``names``             the fqns, UTF-8, each followed by a NUL
+``dtypes``            the dtypes' names in ``torch`` (``float32``), each followed by a NUL
+``files``             the files' names, each followed by a NUL
+``fqn columns``       ``q`` x 5 per fqn: kind (0 bytes, 1 tensor), dtype (its place in
+                      ``dtypes``), flags (1: ``requires_grad``, 2: ``pin_memory``), ndim, chunks
+``sizes``             ``q``: each tensor's size (ndim values)
+``geometry``          ``q``: each tensor chunk's offsets then sizes (ndim values each)
+``storage``           ``q`` x 3 per chunk (a bytes item is one chunk): file (its place in
+                      ``files``; -1: given by the patch), byte offset, byte length
+``planner data``      ``planner_data``, pickled (tuples of ``str`` and ``int``); empty for None
+``patch files``       file names, as ``files``, of the patch
+``patch``             ``q`` x 4 per entry: chunk, file (in ``patch files``), offset, length
+``fields``            the ``Metadata``'s other fields (``storage_meta``, ``version``), a pickled dict
+``header``            ``<`` then 13 ``Q``: the byte lengths of the eleven sections above, the
+                      number of fqns and of chunks
+``footer``            ``<Q4s``: the index's whole length and ``HRX1``
+====================  ===========================================================================
+
+The sections before the patch depend only on the structure and the layout of the tensors a
+save writes from their own memory (``fixed.py``): made once per structure. The patch gives
+the storage of the items laid out at each save (bytes items), and the fields this save's.
+
+Only metadata the columns describe whole gets an index: tensors of layout ``strided`` and
+memory format ``contiguous_format``, bytes items, entries with no stream transforms, names
+without NUL. Anything else is saved without one, and read by unpickling as before.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from array import array
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+KEY = "_hostreg_index"  # the attribute's name in the pickled state
+_HEADER = struct.Struct("<13Q")
+_FOOTER = struct.Struct("<Q4s")
+_MAGIC = b"HRX1"
+_BYTES, _TENSOR = 0, 1
+_GRAD, _PINNED = 1, 2
+
+
+class Unindexable(Exception):
+    """Raised while building an index where the metadata holds what the columns cannot say."""
+
+
+def _names(names: list[str]) -> bytes:
+    if any("\0" in n for n in names):
+        raise Unindexable
+    return "".join(n + "\0" for n in names).encode()
+
+
+class Body:
+    """The sections of an index up to the patch, made from one save's ``Metadata`` fields
+    (``state_dict_metadata``, ``planner_data``) and the storage of the entries known then
+    (``storage``: ``MetadataIndex`` -> ``_StorageInfo``); the others are left to the patch.
+    ``slots`` maps (fqn, chunk offsets) of every chunk to its place. Raises
+    :class:`Unindexable`."""
+
+    def __init__(self, sdm: Mapping, planner_data: Any, storage: Mapping) -> None:
+        import pickle
+
+        names = list(sdm)
+        dtypes: dict[torch.dtype, int] = {}
+        files: dict[str, int] = {}
+        cols, sizes, geom, stor = array("q"), array("q"), array("q"), array("q")
+        slots: dict[tuple, int] = {}
+        known: dict[tuple, Any] = {}
+        for k, info in storage.items():
+            known[(k.fqn, None if k.offset is None else tuple(k.offset))] = info
+        contiguous, strided = torch.contiguous_format, torch.strided
+        for fqn in names:
+            md = sdm[fqn]
+            if type(md) is BytesStorageMetadata:
+                cols.extend((_BYTES, 0, 0, 0, 1))
+                keys = [(fqn, None)]
+            elif type(md) is TensorStorageMetadata:
+                p = md.properties
+                if p.layout != strided or p.memory_format != contiguous or type(p.dtype) is not torch.dtype:
+                    raise Unindexable
+                flags = (_GRAD if p.requires_grad else 0) | (_PINNED if p.pin_memory else 0)
+                ndim = len(md.size)
+                cols.extend((_TENSOR, dtypes.setdefault(p.dtype, len(dtypes)), flags, ndim, len(md.chunks)))
+                sizes.extend(md.size)
+                keys = []
+                for c in md.chunks:
+                    if len(c.offsets) != ndim or len(c.sizes) != ndim:
+                        raise Unindexable
+                    geom.extend(c.offsets)
+                    geom.extend(c.sizes)
+                    keys.append((fqn, tuple(c.offsets)))
+            else:
+                raise Unindexable
+            for key in keys:
+                slots[key] = len(slots)
+                info = known.get(key)
+                if info is None:
+                    stor.extend((-1, 0, 0))
+                    continue
+                if getattr(info, "transform_descriptors", None) or type(info.relative_path) is not str:
+                    raise Unindexable
+                stor.extend((files.setdefault(info.relative_path, len(files)), info.offset, info.length))
+        if len(slots) != len(storage) + sum(1 for i in range(2, len(stor), 3) if stor[i - 2] == -1):
+            raise Unindexable  # a storage entry that is no chunk of the metadata
+        planner = b"" if planner_data is None else pickle.dumps(planner_data, protocol=4)
+        self.sections = [
+            _names(names),
+            _names([str(d).removeprefix("torch.") for d in dtypes]),
+            _names(list(files)),
+            cols.tobytes(),
+            sizes.tobytes(),
+            geom.tobytes(),
+            stor.tobytes(),
+            planner,
+        ]
+        self.blob = b"".join(self.sections)
+        self.counts = (len(names), len(slots))
+        self.slots = slots
+
+    def finish(self, rest: Mapping, fields: dict[str, Any]) -> bytes:
+        """The whole index: this body, a patch giving the storage of ``rest``
+        (``MetadataIndex`` -> ``_StorageInfo``: entries this body left open), and the
+        ``Metadata``'s ``fields`` besides those the body holds. Raises :class:`Unindexable`."""
+        import pickle
+
+        files: dict[str, int] = {}
+        patch = array("q")
+        for k, info in rest.items():
+            slot = self.slots.get((k.fqn, None if k.offset is None else tuple(k.offset)))
+            if slot is None or getattr(info, "transform_descriptors", None) or type(info.relative_path) is not str:
+                raise Unindexable
+            patch.extend((slot, files.setdefault(info.relative_path, len(files)), info.offset, info.length))
+        pf, pb = _names(list(files)), patch.tobytes()
+        fb = pickle.dumps(fields, protocol=4)
+        header = _HEADER.pack(*map(len, self.sections), len(pf), len(pb), len(fb), *self.counts)
+        n = len(self.blob) + len(pf) + len(pb) + len(fb) + len(header) + _FOOTER.size
+        return b"".join((self.blob, pf, pb, fb, header, _FOOTER.pack(n, _MAGIC)))
+
+
+OWN = ("state_dict_metadata", "planner_data", "storage_data")  # the fields the columns hold
+
+
+def build(metadata: Any) -> bytes | None:
+    """The index of a whole ``Metadata``, or None where it cannot have one."""
+    try:
+        body = Body(metadata.state_dict_metadata, metadata.planner_data, metadata.storage_data)
+        return body.finish({}, {k: v for k, v in vars(metadata).items() if k not in OWN})
+    except Unindexable:
+        return None
+
+
+def find(raw: bytes, n: int) -> memoryview | None:
+    """The index inside ``raw[:n]`` (a pickle as the writer ends it: the index pickled as the
+    state's last value, with opcode ``B`` or ``C``, then SETITEMS, BUILD, STOP), or None."""
+    if n < _FOOTER.size + 3 or raw[n - 3 : n] != b"ub.":
+        return None
+    end = n - 3
+    length, magic = _FOOTER.unpack_from(raw, end - _FOOTER.size)
+    if magic != _MAGIC or length > end - 5:
+        return None
+    start = end - length
+    if raw[start - 5] == 0x42 and struct.unpack_from("<I", raw, start - 4)[0] == length:  # BINBYTES
+        return memoryview(raw)[start:end]
+    if raw[start - 2] == 0x43 and raw[start - 1] == length:  # SHORT_BINBYTES
+        return memoryview(raw)[start:end]
+    return None
+
+
+class BadIndex(ValueError):
+    """The index is not what hostreg's writer makes (damaged, or made by someone else)."""
+
+
+def _split(data: bytes) -> list[str]:
+    if data and data[-1:] != b"\0":
+        raise BadIndex("a name list does not end in NUL")
+    return data.decode().split("\0")[:-1] if data else []
+
+
+def _q(data: bytes | memoryview) -> list[int]:
+    if len(data) % 8:
+        raise BadIndex("a column's length is not a whole number of int64")
+    a = array("q")
+    a.frombytes(data)
+    return a.tolist()
+
+
+class Index:
+    """An index read back (:func:`find`): its columns as lists, and the objects of DCP's
+    ``Metadata`` made per entry when asked for (:meth:`entry`, :meth:`info`, :meth:`key`).
+    Raises :class:`BadIndex` where the columns do not hold together."""
+
+    def __init__(self, view: memoryview, source: str) -> None:
+        self.source = source
+        if len(view) < _HEADER.size + _FOOTER.size:
+            raise BadIndex("too short")
+        h = _HEADER.unpack_from(view, len(view) - _FOOTER.size - _HEADER.size)
+        lens, (n_fqn, n_chunk) = h[:11], h[11:]
+        if sum(lens) + _HEADER.size + _FOOTER.size != len(view):
+            raise BadIndex("its sections do not add up to its length")
+        parts, at = [], 0
+        for n in lens:
+            parts.append(bytes(view[at : at + n]))
+            at += n
+        names, dtypes, files, cols, sizes, geom, stor, planner, pfiles, patch, fields = parts
+        self.names = _split(names)
+        self.row = dict(zip(self.names, range(len(self.names))))
+        self.dtypes = []
+        for name in _split(dtypes):
+            d = vars(torch).get(name)
+            if not isinstance(d, torch.dtype):
+                raise BadIndex(f"{name!r} is not a torch dtype")
+            self.dtypes.append(d)
+        self.files = _split(files)
+        c = _q(cols)
+        self.kind, self.dtype, self.flags, self.ndim, self.nchunks = (c[i::5] for i in range(5))
+        self.sizes, self.geom = _q(sizes), _q(geom)
+        s = _q(stor)
+        self.file, self.offset, self.length = s[0::3], s[1::3], s[2::3]
+        if len(c) != 5 * n_fqn or len(self.names) != n_fqn or len(self.row) != n_fqn or len(self.file) != n_chunk:
+            raise BadIndex("its counts differ from its columns")
+        pnames, p = _split(pfiles), _q(patch)
+        if len(p) % 4:
+            raise BadIndex("a patch entry is not 4 values")
+        base = len(self.files)
+        self.files += pnames
+        for slot, f, off, length in zip(p[0::4], p[1::4], p[2::4], p[3::4]):
+            if not (0 <= slot < n_chunk and self.file[slot] == -1 and 0 <= f < len(pnames)):
+                raise BadIndex("a patch entry names no open chunk")
+            self.file[slot], self.offset[slot], self.length[slot] = base + f, off, length
+        if -1 in self.file or (self.file and (min(self.file) < 0 or max(self.file) >= len(self.files))):
+            raise BadIndex("a chunk names no file")
+        if (self.offset and min(self.offset) < 0) or (self.length and min(self.length) < 0):
+            raise BadIndex("an offset or a length is negative")
+        # Where each fqn's size and chunks start (running sums), checked against the columns.
+        self.first_chunk, self.first_size, self.first_geom = [], [], []
+        chunk = size = g = 0
+        for kind, dt, ndim, k in zip(self.kind, self.dtype, self.ndim, self.nchunks):
+            if kind not in (_BYTES, _TENSOR) or ndim < 0 or k < 1 or (kind == _BYTES and (ndim or k != 1)):
+                raise BadIndex("an entry's kind, ndim or chunk count is out of range")
+            if kind == _TENSOR and not 0 <= dt < len(self.dtypes):
+                raise BadIndex("an entry names no dtype")
+            self.first_chunk.append(chunk)
+            self.first_size.append(size)
+            self.first_geom.append(g)
+            chunk += k
+            if kind == _TENSOR:
+                size += ndim
+                g += 2 * ndim * k
+        if chunk != n_chunk or size != len(self.sizes) or g != len(self.geom):
+            raise BadIndex("its entries' chunks and sizes differ from its columns")
+        self._planner = planner
+        self._fields = fields
+        self._entries: dict[int, Any] = {}
+        self._whole: list[torch.Size | None] | None = None
+        self._infos: list[Any] = [None] * n_chunk
+
+    # -- per entry --
+
+    def size(self, r: int) -> tuple[int, ...]:
+        at = self.first_size[r]
+        return tuple(self.sizes[at : at + self.ndim[r]])
+
+    def chunk_geometry(self, r: int, j: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(offsets, sizes) of chunk ``j`` of tensor ``r``."""
+        nd = self.ndim[r]
+        at = self.first_geom[r] + 2 * nd * j
+        return tuple(self.geom[at : at + nd]), tuple(self.geom[at + nd : at + 2 * nd])
+
+    def whole_sizes(self) -> list[torch.Size | None]:
+        """Per entry, its size where it is a tensor stored whole (one chunk at offset 0, of the
+        whole size, not empty), else None (made once)."""
+        got = self._whole
+        if got is None:
+            got = self._whole = []
+            sizes, geom, add = self.sizes, self.geom, got.append
+            for kind, k, nd, fs, fg in zip(self.kind, self.nchunks, self.ndim, self.first_size, self.first_geom):
+                size = sizes[fs : fs + nd]
+                whole = kind == _TENSOR and k == 1 and geom[fg + nd : fg + 2 * nd] == size
+                add(torch.Size(size) if whole and not any(geom[fg : fg + nd]) and 0 not in size else None)
+        return got
+
+    def entry(self, r: int) -> Any:
+        """The ``TensorStorageMetadata`` or ``BytesStorageMetadata`` of entry ``r`` (made once)."""
+        got = self._entries.get(r)
+        if got is None:
+            if self.kind[r] == _BYTES:
+                got = BytesStorageMetadata()
+            else:
+                f = self.flags[r]
+                props = TensorProperties(
+                    dtype=self.dtypes[self.dtype[r]], requires_grad=bool(f & _GRAD), pin_memory=bool(f & _PINNED)
+                )
+                chunks = []
+                for j in range(self.nchunks[r]):
+                    offs, sizes = self.chunk_geometry(r, j)
+                    chunks.append(ChunkStorageMetadata(offsets=torch.Size(offs), sizes=torch.Size(sizes)))
+                got = TensorStorageMetadata(properties=props, size=torch.Size(self.size(r)), chunks=chunks)
+            self._entries[r] = got
+        return got
+
+    def info(self, c: int) -> Any:
+        """The ``_StorageInfo`` of chunk ``c`` (made once)."""
+        got = self._infos[c]
+        if got is None:
+            got = self._infos[c] = _StorageInfo(self.files[self.file[c]], self.offset[c], self.length[c])
+        return got
+
+    def key(self, r: int, j: int) -> MetadataIndex:
+        """The ``MetadataIndex`` of chunk ``j`` of entry ``r``, as DCP's writers key it."""
+        if self.kind[r] == _BYTES:
+            return MetadataIndex(self.names[r])
+        return MetadataIndex(self.names[r], torch.Size(self.chunk_geometry(r, j)[0]), j)
+
+    def chunk_of(self, key: Any) -> int | None:
+        """The chunk a ``MetadataIndex`` names (by fqn and offset, as its equality does), or None."""
+        r = self.row.get(getattr(key, "fqn", None))
+        if r is None:
+            return None
+        if self.kind[r] == _BYTES:
+            return self.first_chunk[r] if key.offset is None else None
+        if key.offset is None:
+            return None
+        want = tuple(key.offset)
+        for j in range(self.nchunks[r]):
+            if self.chunk_geometry(r, j)[0] == want:
+                return self.first_chunk[r] + j
+        return None
+
+    def _unpickle(self, data: bytes, what: str) -> dict:
+        from .metadata_read import MetadataUnpickler, _unchanged  # no class but DCP's metadata's own
+
+        with _unchanged(self.source):
+            got = MetadataUnpickler(io.BytesIO(data), self.source).load()
+        if not isinstance(got, dict):
+            raise BadIndex(f"its {what} is not a dict")
+        return got
+
+    def planner_data(self) -> dict:
+        return self._unpickle(self._planner, "planner data")
+
+    def metadata(self) -> Any:
+        """A ``Metadata`` of this index: its other fields unpickled now (as data), its
+        ``state_dict_metadata``, ``storage_data`` and ``planner_data`` mappings that make what
+        is looked up (:class:`Entries`, :class:`Storage`, :class:`PlannerData`)."""
+        from torch.distributed.checkpoint.metadata import Metadata
+
+        fields = self._unpickle(self._fields, "fields")
+        if not fields.keys().isdisjoint(OWN) or not all(type(k) is str for k in fields):
+            raise BadIndex("its fields name the columns' own")
+        md = Metadata.__new__(Metadata)
+        vars(md).update(fields)
+        md.state_dict_metadata = Entries(self)
+        md.storage_data = Storage(self)
+        md.planner_data = PlannerData(self) if self._planner else None
+        return md
+
+
+class Entries(Mapping):
+    """``state_dict_metadata`` from an :class:`Index`: fqn -> its storage metadata, made when
+    looked up."""
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+
+    def __getitem__(self, fqn: str) -> Any:
+        return self.index.entry(self.index.row[fqn])
+
+    def __contains__(self, fqn: object) -> bool:
+        return fqn in self.index.row
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.index.names)
+
+    def __len__(self) -> int:
+        return len(self.index.names)
+
+
+class Storage(Mapping):
+    """``storage_data`` from an :class:`Index`: ``MetadataIndex`` -> ``_StorageInfo``, made
+    when looked up."""
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+
+    def __getitem__(self, key: Any) -> Any:
+        c = self.index.chunk_of(key)
+        if c is None:
+            raise KeyError(key)
+        return self.index.info(c)
+
+    def __contains__(self, key: object) -> bool:
+        return self.index.chunk_of(key) is not None
+
+    def __iter__(self) -> Iterator[MetadataIndex]:
+        ix = self.index
+        for r in range(len(ix.names)):
+            for j in range(ix.nchunks[r]):
+                yield ix.key(r, j)
+
+    def __len__(self) -> int:
+        return len(self.index.file)
+
+
+class PlannerData(Mapping):
+    """``planner_data`` from an :class:`Index`, unpickled (as data) when first used."""
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+        self._got: dict | None = None
+
+    def _data(self) -> dict:
+        if self._got is None:
+            self._got = self.index.planner_data()
+        return self._got
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._data()[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._data())
+
+    def __len__(self) -> int:
+        return len(self._data())

@@ -1,0 +1,208 @@
+"""The index hostreg's writer puts inside .metadata (index.py): the Metadata hostreg's reader
+makes from it is the one the pickle holds, entry for entry, at a first save, a repeated save
+whose bytes items moved, and a save planned by DCP's own planner; DCP's reader still reads the
+file; a load from it gives every value back through hostreg's and DCP's readers and planners;
+its plan is DCP's plan; metadata the columns cannot say gets no index; a damaged or hostile
+index is not trusted over the pickle."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+import hostreg.torch as ht
+from hostreg.torch._checkpoint import index as _index
+from hostreg.torch._checkpoint.load_planner import RowItems
+from hostreg.torch._checkpoint.metadata_read import _TRAILER, split_trailer
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def state(lr: float = 0.1) -> dict:
+    g = torch.Generator().manual_seed(3)
+    return {
+        "model": {
+            f"layer{i}": {"w": torch.randn(4, i + 1, generator=g), "b": torch.randn(i + 1, generator=g)}
+            for i in range(6)
+        },
+        "half": torch.randn(7, 3, generator=g).to(torch.bfloat16),
+        "grad": torch.randn(5, generator=g).requires_grad_(),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.empty(0, 3),
+        "big": torch.randn(400_000, generator=g),  # past the reader's whole-container size
+        "optim": {
+            "step": torch.tensor(3.0),
+            "param_groups": [{"lr": lr, "params": [0, 1], "name": "x" * int(lr * 100)}],
+        },
+        "blob": io.BytesIO(b"some bytes"),
+    }
+
+
+def zeros_like(sd):
+    if isinstance(sd, dict):
+        return {k: zeros_like(v) for k, v in sd.items()}
+    if isinstance(sd, list):
+        return [zeros_like(v) for v in sd]
+    if isinstance(sd, torch.Tensor):
+        return torch.zeros_like(sd.detach())
+    if isinstance(sd, io.BytesIO):
+        return io.BytesIO()
+    return type(sd)() if isinstance(sd, (int, float, str)) else sd
+
+
+def equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(equal, a, b))
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a.detach(), b.detach())
+    if isinstance(a, io.BytesIO):
+        return a.getvalue() == b.getvalue()
+    return a == b
+
+
+def same_metadata(path: Path) -> None:
+    """hostreg's reader took the index, and what it made equals the pickle, entry for entry."""
+    mine = ht.FileSystemReader(path).read_metadata()
+    stock = dcp.FileSystemReader(path).read_metadata()
+    assert isinstance(mine.state_dict_metadata, _index.Entries)
+    assert dict(mine.state_dict_metadata) == stock.state_dict_metadata and len(stock.state_dict_metadata) > 10
+    assert dict(mine.storage_data) == stock.storage_data
+    assert all(mine.storage_data[k] == v for k, v in stock.storage_data.items())
+    assert dict(mine.planner_data) == stock.planner_data
+    assert (mine.version, mine.storage_meta.save_id) == (stock.version, stock.storage_meta.save_id)
+
+
+def loads_back(path: Path, sd: dict) -> None:
+    for reader, planner in [
+        (ht.FileSystemReader(path), ht.LoadPlanner()),
+        (ht.FileSystemReader(path), DefaultLoadPlanner()),
+        (dcp.FileSystemReader(path), ht.LoadPlanner()),
+        (dcp.FileSystemReader(path), None),
+    ]:
+        dest = zeros_like(sd)
+        dcp.load(dest, storage_reader=reader, planner=planner, no_dist=True)
+        assert equal(dest, sd), (type(reader), type(planner))
+
+
+@pytest.mark.parametrize("planner", ["hostreg", "dcp"])
+def test_the_index_is_the_pickle_and_loads_back(tmp_path: Path, planner: str):
+    ht.clear_plan_cache()
+    for lr in (0.1, 0.25, 0.25):  # a repeated save whose bytes items grew (the patch), then the same
+        sd = state(lr)
+        dcp.save(
+            sd,
+            storage_writer=ht.FileSystemWriter(tmp_path),
+            planner=ht.SavePlanner() if planner == "hostreg" else None,
+            no_dist=True,
+        )
+        same_metadata(tmp_path)
+        loads_back(tmp_path, sd)
+
+
+def test_the_plan_from_the_index_is_dcps(tmp_path: Path):
+    sd = state()
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), planner=ht.SavePlanner(), no_dist=True)
+    dest = zeros_like(sd)
+    plans = []
+    for reader, cls in [(ht.FileSystemReader, ht.LoadPlanner), (dcp.FileSystemReader, DefaultLoadPlanner)]:
+        p = cls()
+        p.set_up_planner(dest, reader(tmp_path).read_metadata(), True)
+        plans.append(p.create_local_plan().items)
+    got, want = plans
+    assert isinstance(got, RowItems) and sum(type(s) is int for s in got.slots) >= 12  # whole tensors: rows
+    assert list(got) == list(want) and got == want
+    assert pickle.loads(pickle.dumps(got)) == want  # to other ranks: a list of DCP's ReadItems
+
+
+def test_metadata_the_columns_cannot_say_gets_no_index(tmp_path: Path):
+    sd = {"a\0b": torch.arange(4.0), "c": torch.ones(3)}  # a NUL in a name
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), no_dist=True)
+    raw = (tmp_path / ".metadata").read_bytes()
+    assert _index.find(raw, split_trailer(raw)[0]) is None
+    md = ht.FileSystemReader(tmp_path).read_metadata()
+    assert type(md.state_dict_metadata) is dict
+    dest = {"a\0b": torch.zeros(4), "c": torch.zeros(3)}
+    dcp.load(dest, storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner(), no_dist=True)
+    assert equal(dest, sd)
+
+
+def rewrite_index(path: Path, change) -> None:
+    """.metadata with its index's bytes changed by ``change`` (same length), the trailer's CRC
+    made to match: what a writer with a bug, or a forger, would leave."""
+    raw = bytearray((path / ".metadata").read_bytes())
+    n, intact = split_trailer(bytes(raw))
+    assert intact
+    view = _index.find(bytes(raw), n)
+    start = n - 3 - len(view)
+    raw[start : n - 3] = change(bytes(view))
+    raw[n:] = _TRAILER.pack(b"HRMD", zlib.crc32(raw[:n]), n, b"HRMD")
+    (path / ".metadata").write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "header",  # section lengths that do not add up
+        "counts",  # a count that differs from the columns
+        "dtype",  # a dtype name that is not torch's
+        "negative",  # a negative offset
+    ],
+)
+def test_a_damaged_index_is_not_trusted_over_the_pickle(tmp_path: Path, damage: str):
+    sd = state()
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), planner=ht.SavePlanner(), no_dist=True)
+    head = _index._HEADER
+
+    def change(view: bytes) -> bytes:
+        b = bytearray(view)
+        at = len(b) - _index._FOOTER.size - head.size
+        h = list(head.unpack_from(b, at))
+        if damage == "header":
+            h[0] += 8
+        elif damage == "counts":
+            h[11] += 1
+        elif damage == "dtype":
+            names_len = h[0]
+            i = b.index(b"float32", names_len)
+            b[i : i + 7] = b"getattr"
+        elif damage == "negative":
+            stor = sum(h[:6])
+            struct.pack_into("<q", b, stor + 8, -4096)  # the first chunk's offset
+        head.pack_into(b, at, *h)
+        return bytes(b)
+
+    rewrite_index(tmp_path, change)
+    raw = (tmp_path / ".metadata").read_bytes()
+    with pytest.raises(_index.BadIndex):
+        _index.Index(_index.find(raw, split_trailer(raw)[0]), "x").metadata()
+    md = ht.FileSystemReader(tmp_path).read_metadata()
+    assert type(md.state_dict_metadata) is dict  # the pickle's, unpickled as data
+    loads_back(tmp_path, sd)
+
+
+def test_hostregs_reader_reads_the_rows_without_making_their_read_items(tmp_path: Path, monkeypatch):
+    sd = state()
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), planner=ht.SavePlanner(), no_dist=True)
+    made: list[str] = []
+    real = RowItems._item
+
+    def spy(self, slot):
+        if type(slot) is int:
+            made.append(self.index.names[slot])
+        return real(self, slot)
+
+    monkeypatch.setattr(RowItems, "_item", spy)
+    dest = zeros_like(sd)
+    dcp.load(dest, storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner(), no_dist=True)
+    assert equal(dest, sd)
+    assert made == ["big"]  # only the container read in two steps (past the whole-read size) asks for its item
