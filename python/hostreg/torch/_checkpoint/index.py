@@ -48,7 +48,7 @@ import io
 import struct
 from array import array
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -66,6 +66,15 @@ _FOOTER = struct.Struct("<Q4s")
 _MAGIC = b"HRX1"
 _BYTES, _TENSOR = 0, 1
 _GRAD, _PINNED = 1, 2
+
+
+class Span(NamedTuple):
+    """Where a chunk's bytes lie: ``_StorageInfo``'s fields without stream transforms (a
+    tuple: made at C speed, where a ``_StorageInfo`` runs its dataclass constructor)."""
+
+    relative_path: str
+    offset: int
+    length: int
 
 
 class Unindexable(Exception):
@@ -280,6 +289,7 @@ class Index:
         self._fields = fields
         self._entries: dict[int, Any] = {}
         self._whole: list[torch.Size | None] | None = None
+        self._spans: list[Span] | None = None
         self._infos: list[Any] = [None] * n_chunk
 
     # -- per entry --
@@ -331,6 +341,15 @@ class Index:
         got = self._infos[c]
         if got is None:
             got = self._infos[c] = _StorageInfo(self.files[self.file[c]], self.offset[c], self.length[c])
+        return got
+
+    def spans(self) -> list[Span]:
+        """Per chunk, where its bytes lie (:class:`Span`: what hostreg's reader reads of a
+        ``_StorageInfo``), made once for all."""
+        got = self._spans
+        if got is None:
+            files = self.files
+            got = self._spans = [Span(files[f], o, n) for f, o, n in zip(self.file, self.offset, self.length)]
         return got
 
     def key(self, r: int, j: int) -> MetadataIndex:

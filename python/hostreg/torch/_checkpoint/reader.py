@@ -110,9 +110,10 @@ class FileSystemReader(_StockReader):
         rows = isinstance(items, RowItems) and items.index is index and _destinations(planner, []) is not None
         per_file: dict[str, tuple[list[Any], list[Any]]] = {}  # relative path -> (reads, their items' _StorageInfo)
         slow: list[Any] = []
+        spans, first = (index.spans(), index.first_chunk) if rows else (None, None)
         for req in items.slots if rows else items:
             if rows and type(req) is int:
-                info = index.info(index.first_chunk[req])
+                info = spans[first[req]]  # type: ignore[index]
             else:
                 info = self.storage_data[req.storage_index]
                 if getattr(info, "transform_descriptors", None):
