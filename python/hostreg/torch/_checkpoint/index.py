@@ -269,26 +269,27 @@ class Index:
         if (self.offset and min(self.offset) < 0) or (self.length and min(self.length) < 0):
             raise BadIndex("an offset or a length is negative")
         # Where each fqn's size and chunks start (running sums), checked against the columns.
-        self.first_chunk, self.first_size, self.first_geom = [], [], []
-        chunk = size = g = 0
-        for kind, dt, ndim, k in zip(self.kind, self.dtype, self.ndim, self.nchunks):
-            if kind not in (_BYTES, _TENSOR) or ndim < 0 or k < 1 or (kind == _BYTES and (ndim or k != 1)):
-                raise BadIndex("an entry's kind, ndim or chunk count is out of range")
-            if kind == _TENSOR and not 0 <= dt < len(self.dtypes):
-                raise BadIndex("an entry names no dtype")
-            self.first_chunk.append(chunk)
-            self.first_size.append(size)
-            self.first_geom.append(g)
-            chunk += k
-            if kind == _TENSOR:
-                size += ndim
-                g += 2 * ndim * k
-        if chunk != n_chunk or size != len(self.sizes) or g != len(self.geom):
+        kind, dt, nd, k = (torch.tensor(c, dtype=torch.int64) for c in (self.kind, self.dtype, self.ndim, self.nchunks))
+        tensor = kind == _TENSOR
+        ok = (
+            (tensor | (kind == _BYTES))
+            & (nd >= 0)
+            & (nd <= 64)
+            & (k >= 1)
+            & (k <= max(n_chunk, 1))
+            & (tensor | ((nd == 0) & (k == 1)))
+            & (~tensor | ((dt >= 0) & (dt < len(self.dtypes))))
+        )
+        if not bool(ok.all()):
+            raise BadIndex("an entry's kind, ndim, chunk count or dtype is out of range")
+        size, geom = torch.where(tensor, nd, 0), torch.where(tensor, 2 * nd * k, 0)
+        self.first_chunk, self.first_size, self.first_geom = ((c.cumsum(0) - c).tolist() for c in (k, size, geom))
+        if (int(k.sum()), int(size.sum()), int(geom.sum())) != (n_chunk, len(self.sizes), len(self.geom)):
             raise BadIndex("its entries' chunks and sizes differ from its columns")
         self._planner = planner
         self._fields = fields
         self._entries: dict[int, Any] = {}
-        self._whole: list[torch.Size | None] | None = None
+        self._whole: list[tuple[int, ...] | None] | None = None
         self._spans: list[Span] | None = None
         self._infos: list[Any] = [None] * n_chunk
 
@@ -304,9 +305,10 @@ class Index:
         at = self.first_geom[r] + 2 * nd * j
         return tuple(self.geom[at : at + nd]), tuple(self.geom[at + nd : at + 2 * nd])
 
-    def whole_sizes(self) -> list[torch.Size | None]:
-        """Per entry, its size where it is a tensor stored whole (one chunk at offset 0, of the
-        whole size, not empty), else None (made once)."""
+    def whole_sizes(self) -> list[tuple[int, ...] | None]:
+        """Per entry, its size (a tuple: equal to a ``torch.Size`` of the same values) where it
+        is a tensor stored whole (one chunk at offset 0, of the whole size, not empty), else
+        None (made once)."""
         got = self._whole
         if got is None:
             got = self._whole = []
@@ -314,7 +316,7 @@ class Index:
             for kind, k, nd, fs, fg in zip(self.kind, self.nchunks, self.ndim, self.first_size, self.first_geom):
                 size = sizes[fs : fs + nd]
                 whole = kind == _TENSOR and k == 1 and geom[fg + nd : fg + 2 * nd] == size
-                add(torch.Size(size) if whole and not any(geom[fg : fg + nd]) and 0 not in size else None)
+                add(tuple(size) if whole and not any(geom[fg : fg + nd]) and 0 not in size else None)
         return got
 
     def entry(self, r: int) -> Any:
