@@ -76,7 +76,8 @@ def same_metadata(path: Path) -> None:
     stock = dcp.FileSystemReader(path).read_metadata()
     assert isinstance(mine.state_dict_metadata, _index.Entries)
     assert dict(mine.state_dict_metadata) == stock.state_dict_metadata and len(stock.state_dict_metadata) > 10
-    assert dict(mine.storage_data) == stock.storage_data
+    assert dict(mine.storage_data) == stock.storage_data == dict(mine.storage_data.items())
+    assert len(mine.storage_data.items()) == len(stock.storage_data)
     assert all(mine.storage_data[k] == v for k, v in stock.storage_data.items())
     assert dict(mine.planner_data) == stock.planner_data
     assert (mine.version, mine.storage_meta.save_id) == (stock.version, stock.storage_meta.save_id)

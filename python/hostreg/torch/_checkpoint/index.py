@@ -47,7 +47,7 @@ from __future__ import annotations
 import io
 import struct
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -448,6 +448,20 @@ class Storage(Mapping):
 
     def __len__(self) -> int:
         return len(self.index.file)
+
+    def items(self) -> ItemsView:
+        return _StorageItems(self)
+
+
+class _StorageItems(ItemsView):
+    """:class:`Storage`'s items in one pass over the chunks (not a lookup per key)."""
+
+    def __iter__(self) -> Iterator[tuple[MetadataIndex, Any]]:
+        ix = self._mapping.index
+        for r in range(len(ix.names)):
+            first = ix.first_chunk[r]
+            for j in range(ix.nchunks[r]):
+                yield ix.key(r, j), ix.info(first + j)
 
 
 class PlannerData(Mapping):

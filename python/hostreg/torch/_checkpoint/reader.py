@@ -102,16 +102,24 @@ class FileSystemReader(_StockReader):
     def _read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         self.stats = IoStats()
         items: Any = plan.items
-        if self.verify:
-            self._verify({self.storage_data[r.storage_index].relative_path for r in items})
         # A plan of hostreg's LoadPlanner from this reader's index (index.py): its whole
         # tensors are rows of the index, read without making their ReadItems.
         index = getattr(self, "_index", None)
         rows = isinstance(items, RowItems) and items.index is index and _destinations(planner, []) is not None
+        spans, first = (index.spans(), index.first_chunk) if rows else (None, None)
+        reads = items.slots if rows else items
+        if self.verify:
+            self._verify(
+                {
+                    spans[first[r]].relative_path  # type: ignore[index]
+                    if type(r) is int
+                    else self.storage_data[r.storage_index].relative_path
+                    for r in reads
+                }
+            )
         per_file: dict[str, tuple[list[Any], list[Any]]] = {}  # relative path -> (reads, their items' _StorageInfo)
         slow: list[Any] = []
-        spans, first = (index.spans(), index.first_chunk) if rows else (None, None)
-        for req in items.slots if rows else items:
+        for req in reads:
             if rows and type(req) is int:
                 info = spans[first[req]]  # type: ignore[index]
             else:
