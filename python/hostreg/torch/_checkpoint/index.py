@@ -24,7 +24,10 @@ Layout (little-endian; ``q``: int64 arrays of Python's ``array`` module):
 ``geometry``          ``q``: each tensor chunk's offsets then sizes (ndim values each)
 ``storage``           ``q`` x 3 per chunk (a bytes item is one chunk): file (its place in
                       ``files``; -1: given by the patch), byte offset, byte length
-``planner data``      ``planner_data``, pickled (tuples of ``str`` and ``int``); empty for None
+``planner data``      ``planner_data`` (DCP's: fqn -> the path of keys it flattens), pickled as the
+                      pair (the fqns whose path is not their ``.``-split, with their paths;
+                      True where its fqns are ``names``, else False: then the first holds
+                      all); empty for None
 ``patch files``       file names, as ``files``, of the patch
 ``patch``             ``q`` x 4 per entry: chunk, file (in ``patch files``), offset, length
 ``fields``            the ``Metadata``'s other fields (``storage_meta``, ``version``), a pickled dict
@@ -139,7 +142,11 @@ class Body:
                 stor.extend((files.setdefault(info.relative_path, len(files)), info.offset, info.length))
         if len(slots) != len(storage) + sum(1 for i in range(2, len(stor), 3) if stor[i - 2] == -1):
             raise Unindexable  # a storage entry that is no chunk of the metadata
-        planner = b"" if planner_data is None else pickle.dumps(planner_data, protocol=4)
+        planner = b""
+        if planner_data is not None:
+            same = planner_data.keys() == sdm.keys()
+            odd = {k: v for k, v in planner_data.items() if v != tuple(k.split("."))} if same else dict(planner_data)
+            planner = pickle.dumps((odd, same), protocol=4)
         self.sections = [
             _names(names),
             _names([str(d).removeprefix("torch.") for d in dtypes]),
@@ -375,17 +382,20 @@ class Index:
                 return self.first_chunk[r] + j
         return None
 
-    def _unpickle(self, data: bytes, what: str) -> dict:
+    def _unpickle(self, data: bytes) -> Any:
         from .metadata_read import MetadataUnpickler, _unchanged  # no class but DCP's metadata's own
 
         with _unchanged(self.source):
-            got = MetadataUnpickler(io.BytesIO(data), self.source).load()
-        if not isinstance(got, dict):
-            raise BadIndex(f"its {what} is not a dict")
-        return got
+            return MetadataUnpickler(io.BytesIO(data), self.source).load()
 
     def planner_data(self) -> dict:
-        return self._unpickle(self._planner, "planner data")
+        got = self._unpickle(self._planner)
+        if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], dict) and type(got[1]) is bool):
+            raise BadIndex("its planner data is not what the writer makes")
+        odd, same = got
+        if not same:
+            return odd
+        return {k: odd[k] if k in odd else tuple(k.split(".")) for k in self.names}
 
     def metadata(self) -> Any:
         """A ``Metadata`` of this index: its other fields unpickled now (as data), its
@@ -393,8 +403,8 @@ class Index:
         is looked up (:class:`Entries`, :class:`Storage`, :class:`PlannerData`)."""
         from torch.distributed.checkpoint.metadata import Metadata
 
-        fields = self._unpickle(self._fields, "fields")
-        if not fields.keys().isdisjoint(OWN) or not all(type(k) is str for k in fields):
+        fields = self._unpickle(self._fields)
+        if not isinstance(fields, dict) or not fields.keys().isdisjoint(OWN) or not all(type(k) is str for k in fields):
             raise BadIndex("its fields name the columns' own")
         md = Metadata.__new__(Metadata)
         vars(md).update(fields)
