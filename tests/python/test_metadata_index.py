@@ -199,7 +199,7 @@ def test_hostregs_reader_reads_the_rows_without_making_their_read_items(tmp_path
 
     def spy(self, slot):
         if type(slot) is int:
-            made.append(self.index.names[slot])
+            made.append(self.metadata_index.names[slot])
         return real(self, slot)
 
     monkeypatch.setattr(RowItems, "_item", spy)

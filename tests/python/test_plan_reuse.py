@@ -335,7 +335,7 @@ def _global_plans(planner: DefaultSavePlanner, local: list) -> tuple[list, Any]:
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_the_global_plan_is_dcps(ranks: int):
+def test_the_global_plan_is_dcps(ranks: int, monkeypatch):
     """hostreg's SavePlanner's first global plan (global_plan.py) against DCP's: the same items
     (every field, the rewritten chunk index), Metadata and planner data, for one rank's plan
     (no dedup) and two ranks' (replicated tensors deduplicated by DCP's code); a plan whose
@@ -356,6 +356,10 @@ def test_the_global_plan_is_dcps(ranks: int):
     )
     if ranks == 2:
         assert len(got_items[0]) != len(got_items[1])  # DCP's dedup ran: the ranks split the items
+        # A torch whose planner has no _dedup_save_plans method: DCP's module function instead.
+        monkeypatch.delattr(DefaultSavePlanner, "_dedup_save_plans")
+        assert _global_plans(ht.SavePlanner(), local) == (want_items, want_md)
+        monkeypatch.undo()
     item = local[0].items[0]
     chunk = dataclasses.replace(item.tensor_data.chunk, offsets=torch.Size([5] * len(item.tensor_data.size)))
     bad = dataclasses.replace(item, tensor_data=dataclasses.replace(item.tensor_data, chunk=chunk))

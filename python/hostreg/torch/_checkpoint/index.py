@@ -113,7 +113,7 @@ class Body:
             md = sdm[fqn]
             if type(md) is BytesStorageMetadata:
                 cols.extend((_BYTES, 0, 0, 0, 1))
-                keys = [(fqn, None)]
+                keys: list[tuple[str, tuple[int, ...] | None]] = [(fqn, None)]
             elif type(md) is TensorStorageMetadata:
                 p = md.properties
                 if p.layout != strided or p.memory_format != contiguous or type(p.dtype) is not torch.dtype:
@@ -369,7 +369,8 @@ class Index:
 
     def chunk_of(self, key: Any) -> int | None:
         """The chunk a ``MetadataIndex`` names (by fqn and offset, as its equality does), or None."""
-        r = self.row.get(getattr(key, "fqn", None))
+        fqn = getattr(key, "fqn", None)
+        r = self.row.get(fqn) if isinstance(fqn, str) else None
         if r is None:
             return None
         if self.kind[r] == _BYTES:
@@ -467,7 +468,7 @@ class _StorageItems(ItemsView):
     """:class:`Storage`'s items in one pass over the chunks (not a lookup per key)."""
 
     def __iter__(self) -> Iterator[tuple[MetadataIndex, Any]]:
-        ix = self._mapping.index
+        ix = self._mapping.index  # type: ignore[attr-defined]
         for r in range(len(ix.names)):
             first = ix.first_chunk[r]
             for j in range(ix.nchunks[r]):

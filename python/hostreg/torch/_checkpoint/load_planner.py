@@ -7,6 +7,8 @@ tensors of most loads need none of it: the checkpoint holds the tensor in one ch
 covers it, and the destination is a plain tensor of that size, so the one read item is "the
 whole tensor, from offset 0". :class:`LoadPlanner` makes that item directly and leaves every
 other case (DTensors, sharded or resharded tensors, bytes) to DCP's own code, item by item.
+Where the metadata came from an index (``index.py``), such a tensor is found by its row in the
+index's columns, and the plan holds the row instead of the item (:class:`RowItems`).
 """
 
 from __future__ import annotations
@@ -75,12 +77,12 @@ class RowItems(Sequence):
     other ranks) as a list of them."""
 
     def __init__(self, index: Any, slots: list[Any]) -> None:
-        self.index = index
-        self.slots = slots  # int: a row of index read whole; else a ReadItem
+        self.metadata_index = index  # (not "index": Sequence has an index method)
+        self.slots = slots  # int: a row of the index read whole; else a ReadItem
 
     def _item(self, slot: Any) -> ReadItem:
         if type(slot) is int:
-            return _whole_item(self.index.names[slot], self.index.size(slot))
+            return _whole_item(self.metadata_index.names[slot], self.metadata_index.size(slot))
         return slot
 
     def __getitem__(self, i: Any) -> Any:
@@ -231,22 +233,31 @@ class LoadPlanner(DefaultLoadPlanner):
             # DCP's test for a checkpoint of torch <= 2.3 (keys it has that the state dict lacks
             # are keys of the old flattening): its own code switches and plans.
             return super().create_local_plan()
-        if isinstance(stored, Entries):
-            return self._indexed_plan(stored.index)
         if _factory is None:
             _factory = _ItemFactory()
         whole = _factory.whole
-        items: list[ReadItem] = []
+        # From an index (index.py): a plain tensor read whole from an entry stored whole is its
+        # row (RowItems), found without making the entry's objects.
+        index = stored.index if isinstance(stored, Entries) else None
+        row, whole_sizes = (index.row, index.whole_sizes()) if index is not None else ({}, [])
+        items: list[Any] = []
         strict = not self.allow_partial_load
         dt = dtensor_type()
         plain, tsm = torch.Tensor, TensorStorageMetadata
         for fqn, obj in self.state_dict.items():
-            smd = stored.get(fqn)
+            if index is not None:
+                r = row.get(fqn)
+                if r is not None and type(obj) is plain and whole_sizes[r] is not None and obj.shape == whole_sizes[r]:
+                    items.append(r)
+                    continue
+                smd = None if r is None else index.entry(r)
+            else:
+                smd = stored.get(fqn)
             if smd is None:
                 if strict:
                     raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")
                 continue
-            if type(obj) is plain and type(smd) is tsm:
+            if index is None and type(obj) is plain and type(smd) is tsm:
                 # Stored whole in one chunk, read into a plain tensor of its size: the one read
                 # item is all of it (an empty tensor has none: DCP's code says so).
                 chunks = smd.chunks
@@ -269,34 +280,4 @@ class LoadPlanner(DefaultLoadPlanner):
             if dt is not None and isinstance(obj, dt) and obj.device_mesh.get_coordinate() is None:  # type: ignore[attr-defined]
                 continue  # a DTensor of a submesh this rank is not in
             items += _create_read_items(fqn, smd, obj)
-        return LoadPlan(items)
-
-    def _indexed_plan(self, index: Any) -> LoadPlan:
-        """The plan of :meth:`_local_plan` from an index (``index.py``): a plain tensor read
-        whole from an entry stored whole is its row (:class:`RowItems`), found without making
-        the entry's objects; every other item as DCP's code makes it."""
-        row, whole_sizes = index.row, index.whole_sizes()
-        strict = not self.allow_partial_load
-        dt = dtensor_type()
-        plain = torch.Tensor
-        slots: list[Any] = []
-        for fqn, obj in self.state_dict.items():
-            r = row.get(fqn)
-            if r is None:
-                if strict:
-                    raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")
-                continue
-            if type(obj) is plain and whole_sizes[r] is not None and obj.shape == whole_sizes[r]:
-                slots.append(r)
-                continue
-            smd = index.entry(r)
-            if (
-                isinstance(smd, TensorStorageMetadata)
-                and getattr(obj, "size", None) is not None
-                and smd.size != obj.size()
-            ):
-                raise ValueError(f"Size mismatch between saved {smd.size} and current: {obj.size()} for {fqn}")
-            if dt is not None and isinstance(obj, dt) and obj.device_mesh.get_coordinate() is None:  # type: ignore[attr-defined]
-                continue  # a DTensor of a submesh this rank is not in
-            slots += _create_read_items(fqn, smd, obj)
-        return LoadPlan(RowItems(index, slots))  # type: ignore[arg-type]
+        return LoadPlan(items if index is None else RowItems(index, items))

@@ -227,9 +227,9 @@ def check_storage(metadata: Any, directory: str) -> None:
     from .index import Storage
 
     if isinstance(storage, Storage):  # from an index: offsets checked as it was read; its files here
-        for rel in set(storage.index.files):
-            if rel in ("", ".", "..") or os.sep in rel or "\0" in rel or not _plain(directory, rel):
-                raise ValueError(f"the index of {directory} names file {rel!r}, which is not a file of it")
+        for name in set(storage.index.files):
+            if name in ("", ".", "..") or os.sep in name or "\0" in name or not _plain(directory, name):
+                raise ValueError(f"the index of {directory} names file {name!r}, which is not a file of it")
         return
     if not isinstance(storage, dict):
         raise ValueError(f"the metadata of {directory} has no storage_data mapping")

@@ -425,7 +425,12 @@ class SavePlanner(DefaultSavePlanner):
         # DCP's (torch >= 2.6) keeps every item of a lone plan: nothing to deduplicate.
         if len(all_plans) == 1:
             return list(all_plans)
-        return super()._dedup_save_plans(all_plans)
+        dedup = getattr(super(), "_dedup_save_plans", None)
+        if dedup is not None:
+            return dedup(all_plans)
+        from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+
+        return dedup_save_plans(all_plans, self.dedup_save_to_lowest_rank)
 
     def _create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Any]:
         # DCP's (torch >= 2.6, which calls it; default_planner.py), its index rewrite made as in

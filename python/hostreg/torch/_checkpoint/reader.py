@@ -105,13 +105,18 @@ class FileSystemReader(_StockReader):
         # A plan of hostreg's LoadPlanner from this reader's index (index.py): its whole
         # tensors are rows of the index, read without making their ReadItems.
         index = getattr(self, "_index", None)
-        rows = isinstance(items, RowItems) and items.index is index and _destinations(planner, []) is not None
-        spans, first = (index.spans(), index.first_chunk) if rows else (None, None)
+        rows = (
+            index is not None
+            and isinstance(items, RowItems)
+            and items.metadata_index is index
+            and _destinations(planner, []) is not None
+        )
+        spans, first = (index.spans(), index.first_chunk) if rows else ([], [])  # type: ignore[union-attr]
         reads = items.slots if rows else items
         if self.verify:
             self._verify(
                 {
-                    spans[first[r]].relative_path  # type: ignore[index]
+                    spans[first[r]].relative_path
                     if type(r) is int
                     else self.storage_data[r.storage_index].relative_path
                     for r in reads
@@ -121,7 +126,7 @@ class FileSystemReader(_StockReader):
         slow: list[Any] = []
         for req in reads:
             if rows and type(req) is int:
-                info = spans[first[req]]  # type: ignore[index]
+                info = spans[first[req]]
             else:
                 info = self.storage_data[req.storage_index]
                 if getattr(info, "transform_descriptors", None):
@@ -163,7 +168,7 @@ class FileSystemReader(_StockReader):
             _raise_io("cannot read the checkpoint file")
         self.stats.add(got)
 
-    def _read_file(self, path: str, reqs: list[Any], infos: list[Any], planner: LoadPlanner) -> list[Any]:
+    def _read_file(self, path: str, reqs: Any, infos: list[Any], planner: LoadPlanner) -> list[Any]:
         """Serves ``reqs`` (``infos``: where each one's item lies) from one file; returns those
         left to DCP's reader."""
         fd = _open(path, os.O_RDONLY, self.direct_io and not self.verify)  # verified: in the page cache
@@ -220,6 +225,7 @@ class FileSystemReader(_StockReader):
         small: dict[int, Any] = {}
         large: dict[int, Any] = {}
         items_of: dict[int, list[int]] = {}  # id(info) -> the items read from it
+        dests: list[Any] | None
         if isinstance(reqs, _Reqs):
             kinds, dests = reqs.kinds(), reqs.destinations(planner)
         else:
@@ -401,7 +407,7 @@ class _Reqs:
         """As ``load_planner.destinations`` (the planner is one it answers for): a row's is the
         state dict's tensor of that name, which the planner found to be a plain tensor of the
         stored size."""
-        get, names = planner.state_dict.__getitem__, self.items.index.names
+        get, names = planner.state_dict.__getitem__, self.items.metadata_index.names
         out: list[torch.Tensor | None] = []
         for s in self.slots:
             if type(s) is int:
