@@ -207,3 +207,13 @@ def test_hostregs_reader_reads_the_rows_without_making_their_read_items(tmp_path
     dcp.load(dest, storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner(), no_dist=True)
     assert equal(dest, sd)
     assert made == ["big"]  # only the container read in two steps (past the whole-read size) asks for its item
+
+
+def test_an_index_naming_a_file_outside_the_checkpoint_is_refused(tmp_path: Path):
+    sd = state()
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), planner=ht.SavePlanner(), no_dist=True)
+    rewrite_index(tmp_path, lambda view: view.replace(b"__0_0.distcp\0", b"../0_0.distc\0"))
+    md = ht.FileSystemReader(tmp_path).read_metadata()
+    assert isinstance(md.storage_data, _index.Storage)  # the index itself holds together
+    with pytest.raises(BaseException, match=r"names file .\.\./0_0\.distc., which is not a file of it"):
+        dcp.load(zeros_like(sd), storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner(), no_dist=True)

@@ -228,7 +228,7 @@ def check_storage(metadata: Any, directory: str) -> None:
 
     if isinstance(storage, Storage):  # from an index: offsets checked as it was read; its files here
         for name in set(storage.index.files):
-            if name in ("", ".", "..") or os.sep in name or "\0" in name or not _plain(directory, name):
+            if not _file_of(directory, name):
                 raise ValueError(f"the index of {directory} names file {name!r}, which is not a file of it")
         return
     if not isinstance(storage, dict):
@@ -238,15 +238,19 @@ def check_storage(metadata: Any, directory: str) -> None:
         rel, off, length = (getattr(info, k, None) for k in ("relative_path", "offset", "length"))
         ok = names.get(rel) if isinstance(rel, str) else False
         if ok is None and isinstance(rel, str):
-            ok = names[rel] = (
-                rel not in ("", ".", "..") and os.sep not in rel and "\0" not in rel and _plain(directory, rel)
-            )
+            ok = names[rel] = _file_of(directory, rel)
         if not ok:
             raise ValueError(f"{getattr(index, 'fqn', index)}: its file {rel!r} is not a file of {directory}")
         if type(off) is not int or type(length) is not int or off < 0 or length < 0:
             raise ValueError(
                 f"{getattr(index, 'fqn', index)}: offset {off!r} and length {length!r} are not byte counts"
             )
+
+
+def _file_of(directory: str, name: str) -> bool:
+    """Is ``name`` one plain name in ``directory`` (no separator, not ``.`` or ``..``, no NUL)
+    whose file, if it exists, is a regular file (:func:`_plain`)?"""
+    return name not in ("", ".", "..") and os.sep not in name and "\0" not in name and _plain(directory, name)
 
 
 def _plain(directory: str, name: str) -> bool:
