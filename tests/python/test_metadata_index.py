@@ -217,3 +217,19 @@ def test_an_index_naming_a_file_outside_the_checkpoint_is_refused(tmp_path: Path
     assert isinstance(md.storage_data, _index.Storage)  # the index itself holds together
     with pytest.raises(BaseException, match=r"names file .\.\./0_0\.distc., which is not a file of it"):
         dcp.load(zeros_like(sd), storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner(), no_dist=True)
+
+
+def test_storage_the_columns_cannot_hold_gets_no_index(tmp_path: Path):
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    dcp.save({"a": torch.ones(3)}, storage_writer=ht.FileSystemWriter(tmp_path), no_dist=True)
+    md = dcp.FileSystemReader(tmp_path).read_metadata()
+    assert _index.build(md) is not None
+    (key, info), *_ = md.storage_data.items()
+    for bad in [
+        _StorageInfo(info.relative_path, 1.5, info.length),  # not a byte count
+        _StorageInfo(info.relative_path, 1 << 64, info.length),  # past int64
+        _StorageInfo(info.relative_path, info.offset, info.length, ["stream.rot13"]),  # a stream transform
+    ]:
+        md.storage_data = {key: bad}
+        assert _index.build(md) is None

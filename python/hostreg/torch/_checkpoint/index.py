@@ -48,6 +48,7 @@ without NUL. Anything else is saved without one, and read by unpickling as befor
 from __future__ import annotations
 
 import io
+import pickle
 import struct
 from array import array
 from collections.abc import ItemsView, Iterator, Mapping
@@ -84,6 +85,28 @@ class Unindexable(Exception):
     """Raised while building an index where the metadata holds what the columns cannot say."""
 
 
+def _key(index: Any) -> tuple[str, tuple[int, ...] | None]:
+    """A ``MetadataIndex`` as DCP's equality sees it: its fqn and its offset (index ignored)."""
+    return index.fqn, None if index.offset is None else tuple(index.offset)
+
+
+def _where(info: Any, files: dict[str, int]) -> tuple[int, int, int]:
+    """A ``_StorageInfo`` as the columns hold it: (its file's place in ``files``, added there
+    if new; offset; length). Raises :class:`Unindexable` for stream transforms, or a file name
+    or byte counts the columns cannot hold."""
+    rel, off, length = info.relative_path, info.offset, info.length
+    if (
+        getattr(info, "transform_descriptors", None)
+        or type(rel) is not str
+        or type(off) is not int
+        or type(length) is not int
+        or not 0 <= off < 1 << 63
+        or not 0 <= length < 1 << 63
+    ):
+        raise Unindexable
+    return files.setdefault(rel, len(files)), off, length
+
+
 def _names(names: list[str]) -> bytes:
     if any("\0" in n for n in names):
         raise Unindexable
@@ -98,16 +121,13 @@ class Body:
     :class:`Unindexable`."""
 
     def __init__(self, sdm: Mapping, planner_data: Any, storage: Mapping) -> None:
-        import pickle
-
         names = list(sdm)
         dtypes: dict[torch.dtype, int] = {}
         files: dict[str, int] = {}
         cols, sizes, geom, stor = array("q"), array("q"), array("q"), array("q")
         slots: dict[tuple, int] = {}
-        known: dict[tuple, Any] = {}
-        for k, info in storage.items():
-            known[(k.fqn, None if k.offset is None else tuple(k.offset))] = info
+        known = {_key(k): info for k, info in storage.items()}
+        left_open = 0
         contiguous, strided = torch.contiguous_format, torch.strided
         for fqn in names:
             md = sdm[fqn]
@@ -136,11 +156,10 @@ class Body:
                 info = known.get(key)
                 if info is None:
                     stor.extend((-1, 0, 0))
-                    continue
-                if getattr(info, "transform_descriptors", None) or type(info.relative_path) is not str:
-                    raise Unindexable
-                stor.extend((files.setdefault(info.relative_path, len(files)), info.offset, info.length))
-        if len(slots) != len(storage) + sum(1 for i in range(2, len(stor), 3) if stor[i - 2] == -1):
+                    left_open += 1
+                else:
+                    stor.extend(_where(info, files))
+        if len(slots) != len(storage) + left_open:
             raise Unindexable  # a storage entry that is no chunk of the metadata
         planner = b""
         if planner_data is not None:
@@ -165,15 +184,14 @@ class Body:
         """The whole index: this body, a patch giving the storage of ``rest``
         (``MetadataIndex`` -> ``_StorageInfo``: entries this body left open), and the
         ``Metadata``'s ``fields`` besides those the body holds. Raises :class:`Unindexable`."""
-        import pickle
-
         files: dict[str, int] = {}
         patch = array("q")
         for k, info in rest.items():
-            slot = self.slots.get((k.fqn, None if k.offset is None else tuple(k.offset)))
-            if slot is None or getattr(info, "transform_descriptors", None) or type(info.relative_path) is not str:
+            slot = self.slots.get(_key(k))
+            if slot is None:
                 raise Unindexable
-            patch.extend((slot, files.setdefault(info.relative_path, len(files)), info.offset, info.length))
+            patch.append(slot)
+            patch.extend(_where(info, files))
         pf, pb = _names(list(files)), patch.tobytes()
         fb = pickle.dumps(fields, protocol=4)
         header = _HEADER.pack(*map(len, self.sections), len(pf), len(pb), len(fb), *self.counts)

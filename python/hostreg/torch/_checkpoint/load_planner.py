@@ -62,11 +62,11 @@ class _ItemFactory:
 _factory: _ItemFactory | None = None
 
 
-def _whole_item(fqn: str, size: tuple[int, ...]) -> ReadItem:
+def _item_factory() -> _ItemFactory:
     global _factory
     if _factory is None:
         _factory = _ItemFactory()
-    return _factory.whole(fqn, torch.Size(size))
+    return _factory
 
 
 class RowItems(Sequence):
@@ -82,7 +82,7 @@ class RowItems(Sequence):
 
     def _item(self, slot: Any) -> ReadItem:
         if type(slot) is int:
-            return _whole_item(self.metadata_index.names[slot], self.metadata_index.size(slot))
+            return _item_factory().whole(self.metadata_index.names[slot], torch.Size(self.metadata_index.size(slot)))
         return slot
 
     def __getitem__(self, i: Any) -> Any:
@@ -223,7 +223,6 @@ class LoadPlanner(DefaultLoadPlanner):
             return self._local_plan()
 
     def _local_plan(self) -> LoadPlan:
-        global _factory
         md = self.metadata
         if md is None:
             raise AssertionError("self.metadata is not None")
@@ -233,9 +232,7 @@ class LoadPlanner(DefaultLoadPlanner):
             # DCP's test for a checkpoint of torch <= 2.3 (keys it has that the state dict lacks
             # are keys of the old flattening): its own code switches and plans.
             return super().create_local_plan()
-        if _factory is None:
-            _factory = _ItemFactory()
-        whole = _factory.whole
+        whole = _item_factory().whole
         # From an index (index.py): a plain tensor read whole from an entry stored whole is its
         # row (RowItems), found without making the entry's objects.
         index = stored.index if isinstance(stored, Entries) else None
