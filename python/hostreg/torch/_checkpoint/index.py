@@ -41,8 +41,8 @@ save writes from their own memory (``fixed.py``): made once per structure. The p
 the storage of the items laid out at each save (bytes items), and the fields this save's.
 
 Only metadata the columns describe whole gets an index: tensors of layout ``strided`` and
-memory format ``contiguous_format``, bytes items, entries with no stream transforms, names
-without NUL. Anything else is saved without one, and read by unpickling as before.
+memory format ``contiguous_format``, bytes items, entries with no stream transforms and with
+offsets and lengths that are int64 byte counts, names without NUL. Anything else is saved without one, and read by unpickling as before.
 """
 
 from __future__ import annotations
