@@ -233,3 +233,24 @@ def test_storage_the_columns_cannot_hold_gets_no_index(tmp_path: Path):
     ]:
         md.storage_data = {key: bad}
         assert _index.build(md) is None
+
+
+def test_a_truncated_file_is_an_error_naming_the_row_past_its_end(tmp_path: Path):
+    """The rows of the index (read_rows.py) are checked against their file's size as the read
+    items are: a file cut short names the tensor whose bytes run past its end."""
+    sd = {f"w{i}": torch.randn(64, generator=torch.Generator().manual_seed(i)) for i in range(20)}
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), planner=ht.SavePlanner(), no_dist=True)
+    md = ht.FileSystemReader(tmp_path).read_metadata()
+    assert isinstance(md.storage_data, _index.Storage)
+    key, info = max(md.storage_data.items(), key=lambda kv: kv[1].offset)
+    path = tmp_path / info.relative_path
+    with open(path, "r+b") as f:
+        f.truncate(info.offset + info.length - 1)
+    dest = {k: torch.zeros(64) for k in sd}
+    with pytest.raises(
+        BaseException, match=rf"{key.fqn}: bytes {info.offset} to {info.offset + info.length} .*run past"
+    ):
+        try:
+            dcp.load(dest, storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner(), no_dist=True)
+        except Exception as e:  # DCP may wrap what its ranks raise
+            raise RuntimeError(str(e)) from e

@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 import hostreg.torch as ht
 from hostreg.torch._checkpoint import read_chunks as _chunks
+from hostreg.torch._checkpoint import read_rows as _rows
 from hostreg.torch._checkpoint import reader as _reader
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -56,21 +57,22 @@ def assert_loaded(got: dict, sd: dict) -> None:
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of 3,000 bytes (a container is about 1.5 KiB more than its tensor) and a record
-    of the chunks planned and of the buffers mapped."""
+    of the chunks cut (one list per file and path: the rows of an index, the other items) and
+    of the buffers mapped."""
     monkeypatch.setattr(_chunks, "CHUNK", 3000)
-    seen: dict[str, list] = {"chunks": [], "maps": []}
-    plan, mapping = _chunks.plan_chunks, _chunks.mmap.mmap
+    seen: dict[str, list] = {"cuts": [], "maps": []}
+    cut, mapping = _chunks.cut, _chunks.mmap.mmap
 
-    def plan_chunks(infos):
-        got = plan(infos)
-        seen["chunks"].append(got)
+    def spy(lengths):
+        got = cut(lengths)
+        seen["cuts"].append(got)
         return got
 
     def mmap(fileno, length, *a, **k):
         seen["maps"].append(length)
         return mapping(fileno, length, *a, **k)
 
-    monkeypatch.setattr(_chunks, "plan_chunks", plan_chunks)
+    monkeypatch.setattr(_chunks, "cut", spy)
     monkeypatch.setattr(_chunks.mmap, "mmap", mmap)
     return seen
 
@@ -85,12 +87,16 @@ def test_every_kind_of_item_loads_from_many_small_chunks(tmp_path: Path, small_c
     p = ht.LoadPlanner() if planner == "LoadPlanner" else DefaultLoadPlanner()
     dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path), planner=p, no_dist=True)
     assert_loaded(out, sd)
-    (chunks,) = small_chunks["chunks"]
+    cuts = small_chunks["cuts"]
+    # From hostreg's index with its planner, the rows (whole tensors into plain contiguous
+    # destinations: the model's and step) are read apart from the other items.
+    assert len(cuts) == (2 if writer == "hostreg" and planner == "LoadPlanner" else 1)
+    chunks = [c for got in cuts for c in got]
     assert len(chunks) > 20  # every small container, a chunk of about two at a time
-    assert sum(len(c) for c, _ in chunks) == 40 + 5  # the model's, other, t, step, blob; big read apart
-    assert len(small_chunks["maps"]) == 2  # two buffers, alternating
-    assert all(n <= 3000 or len(c) == 1 for c, n in chunks)  # a longer container alone
-    assert max(small_chunks["maps"]) == max(n for _, n in chunks)  # each buffer: the largest chunk
+    assert sum(b - a for a, b, _ in chunks) == 40 + 5  # the model's, other, t, step, blob; big read apart
+    assert len(small_chunks["maps"]) == 2 * len(cuts)  # two buffers for each, alternating
+    assert all(n <= 3000 or b - a == 1 for a, b, n in chunks)  # a longer container alone
+    assert sorted(small_chunks["maps"]) == sorted(max(n for _, _, n in got) for got in cuts for _ in (0, 1))
 
 
 def test_with_no_thread_to_read_ahead_the_chunks_are_read_in_turn(tmp_path: Path, small_chunks, monkeypatch):
@@ -106,30 +112,39 @@ def test_with_no_thread_to_read_ahead_the_chunks_are_read_in_turn(tmp_path: Path
     assert_loaded(out, sd)
 
 
-def test_a_failure_while_a_chunk_is_served_waits_for_the_read_ahead(tmp_path: Path, small_chunks, monkeypatch):
+@pytest.mark.parametrize("planner", ["LoadPlanner", "DefaultLoadPlanner"])
+def test_a_failure_while_a_chunk_is_served_waits_for_the_read_ahead(
+    tmp_path: Path, small_chunks, monkeypatch, planner: str
+):
     """The caller's error (here a Ctrl-C while the first chunk is served) reaches it only once
     the next chunk's read, in flight into a buffer about to be freed, has ended; no thread or
-    descriptor is left."""
+    descriptor is left. Both ways of serving a chunk: the rows of an index (LoadPlanner) and
+    read items (DCP's planner)."""
     sd = state(2)
     dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), no_dist=True)
-    transfer = _reader.FileSystemReader._transfer
+    read = _reader.FileSystemReader._read_array
     ended: list[float] = []
 
-    def slow(self, fd, segments):
+    def slow(self, fd, address, count):
         if threading.current_thread().name.startswith("hostreg-read"):
             time.sleep(0.3)
-        transfer(self, fd, segments)
+        read(self, fd, address, count)
         ended.append(time.monotonic())
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_reader.FileSystemReader, "_transfer", slow)
-    monkeypatch.setattr(_chunks, "serve_whole", interrupted)
+    monkeypatch.setattr(_reader.FileSystemReader, "_read_array", slow)
+    if planner == "LoadPlanner":
+        monkeypatch.setattr(_rows, "_check_chunk", interrupted)
+        p = ht.LoadPlanner()
+    else:
+        monkeypatch.setattr(_chunks, "serve_whole", interrupted)
+        p = DefaultLoadPlanner()
     fds = len(os.listdir("/proc/self/fd"))
     with pytest.raises(BaseException, match="KeyboardInterrupt"):  # DCP may wrap what its ranks raise
         try:
-            dcp.load(destination(sd), storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner())
+            dcp.load(destination(sd), storage_reader=ht.FileSystemReader(tmp_path), planner=p)
         except KeyboardInterrupt as e:
             raise RuntimeError("KeyboardInterrupt") from e
     gone = time.monotonic()
@@ -148,6 +163,7 @@ T = torch.ones(2)
 FLATTENINGS = {
     "nested": {"a": {"b": {"c": T, "d": 1}, "e": T}, "f": "text", "g": None, "h": 2.5, "i": b"raw", "j": True},
     "ordered": {"z": T, "a": {"y": T, "b": T}, "m": T},
+    "dotted keys": {"model": {"layer.0.w": T, "x": {"a.b": 1}}, "opt.state": {"": T, "c.": b"raw"}},
     "a list": {"a": [T, T], "b": T},
     "a tuple": {"a": (1, 2), "b": T},
     "an int key": {"a": {0: T, 1: T}},
@@ -190,13 +206,15 @@ def test_a_planner_that_resolves_tensors_its_own_way_is_asked_for_every_item(tmp
         assert not out["model"][f"w{i}"].any()
 
 
+@pytest.mark.parametrize("planner", ["LoadPlanner", "DefaultLoadPlanner"])
 @pytest.mark.parametrize("damage", ["descriptor size", "record name", "padding"])
-def test_a_container_unlike_its_run_is_served_apart(tmp_path: Path, monkeypatch, damage: str):
-    """40 containers of one dtype and shape lie back to back: the reader checks them as one run
-    (read_chunks._check_run). One of them changed where the run's comparison looks (its data
-    descriptor's size, its data record's name in the local header, the local header's padding)
-    is not served with the others but handed on (then parsed from its central directory,
-    which is intact); every tensor loads back exactly."""
+def test_a_container_unlike_its_run_is_served_apart(tmp_path: Path, monkeypatch, damage: str, planner: str):
+    """40 containers of one dtype and shape lie back to back: the reader checks them at once
+    (the rows of an index: read_rows._compare; read items: read_chunks._check_run). One of them
+    changed where that comparison looks (its data descriptor's size, its data record's name in
+    the local header, the local header's padding) is not served with the others but handed on
+    (then parsed from its central directory, which is intact); every tensor loads back
+    exactly."""
     sd = {f"w{i:02d}": torch.randn(64, generator=torch.Generator().manual_seed(i)) for i in range(40)}
     dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), no_dist=True)
     md = ht.FileSystemReader(tmp_path).read_metadata()
@@ -217,16 +235,31 @@ def test_a_container_unlike_its_run_is_served_apart(tmp_path: Path, monkeypatch,
     raw[info.offset : info.offset + info.length] = box
     path.write_bytes(bytes(raw))
     handed_on: list[int] = []
-    serve = _chunks.serve_whole
+    rows_left: list[str] = []
+    serve, serve_rows = _chunks.serve_whole, _rows.serve_rows
 
     def spy(buf, base, idx, infos, at, dests):
         rest = serve(buf, base, idx, infos, at, dests)
         handed_on.extend(infos[i].offset for i in rest)
         return rest
 
+    def rows_spy(index, rows, *a):
+        left = serve_rows(index, rows, *a)
+        rows_left.extend(index.names[r] for r in left)
+        return left
+
     monkeypatch.setattr(_chunks, "serve_whole", spy)
+    monkeypatch.setattr(_reader, "serve_rows", rows_spy)
     out = {k: torch.zeros(64) for k in sd}
-    dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner(), no_dist=True)
-    assert handed_on == [info.offset]
+    p = ht.LoadPlanner() if planner == "LoadPlanner" else DefaultLoadPlanner()
+    dcp.load(out, storage_reader=ht.FileSystemReader(tmp_path), planner=p, no_dist=True)
+    if planner == "LoadPlanner" and damage == "padding":
+        # Then checked alone, by data_offset, which checks what says where the data lies, not
+        # the padding's bytes (the comparison of a run takes all bytes before the data).
+        assert rows_left == [] and handed_on == []
+    elif planner == "LoadPlanner":
+        assert rows_left == ["w20"] and handed_on == [info.offset]
+    else:
+        assert handed_on == [info.offset] and rows_left == []
     for k, v in sd.items():
         assert torch.equal(out[k], v), k

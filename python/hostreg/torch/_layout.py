@@ -19,6 +19,7 @@ as with PyTorch's ``_create_cpu_state_dict``; copying *from* one raises torch's 
 from __future__ import annotations
 
 import operator
+from array import array
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import add, mul, not_, sub
@@ -41,6 +42,19 @@ layout_of_tensor = operator.attrgetter("layout")
 is_nested = operator.attrgetter("is_nested")
 is_quantized = operator.attrgetter("is_quantized")
 nbytes_of = operator.attrgetter("nbytes")
+
+
+def int64_tensor(values: list[int]) -> torch.Tensor:
+    """An int64 tensor of ``values`` (by way of an ``array``: about ten times faster than
+    ``torch.tensor`` of a list)."""
+    return torch.frombuffer(array("q", values), dtype=torch.int64) if values else torch.zeros(0, dtype=torch.int64)
+
+
+def bool_tensor(values: Any) -> torch.Tensor:
+    """A bool tensor of the truth values ``values`` (an iterable of bools, e.g. a ``map``)."""
+    raw = bytearray(values)
+    return torch.frombuffer(raw, dtype=torch.bool) if raw else torch.zeros(0, dtype=torch.bool)
+
 
 ALIGNMENT = 256
 # Span starts inside a source storage are rounded down to this many bytes, a multiple of

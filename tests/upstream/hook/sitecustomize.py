@@ -11,7 +11,8 @@ unset: nothing is swapped (the stock run), the I/O is still logged.
 - ``hostreg-writer-stock``: hostreg's writer handed the save to DCP's code (``_extensions``);
 - ``hostreg-reader``: hostreg's reader read a load (what it cannot read itself, items with
   stream transforms, it hands on to DCP's code);
-- ``hostreg-reader-file``: hostreg's reader read one file itself;
+- ``hostreg-reader-file``: hostreg's reader opened one file to read it itself (its read items
+  or the rows of hostreg's index);
 - ``dcp-writer`` / ``dcp-reader``: DCP's ``FileSystemWriter.write_data`` /
   ``FileSystemReader.read_data`` ran on DCP's class or a test's own subclass of it (not where
   hostreg's classes hand work on to them: see below);
@@ -114,7 +115,7 @@ def _install() -> None:
     _wrap(filesystem.FileSystemReader, "read_data", dcp_class("dcp-reader"))
     _wrap(hr_writer.FileSystemWriter, "write_data", lambda w: "hostreg-writer-stock" if w.stock else "hostreg-writer")
     _wrap(hr_reader.FileSystemReader, "read_data", "hostreg-reader")
-    _wrap(hr_reader.FileSystemReader, "_read_file", "hostreg-reader-file")
+    _wrap(hr_reader.FileSystemReader, "_opened", "hostreg-reader-file")
     # DCP's planners only where the planner is DCP's default class itself (torch's own
     # subclasses of it, such as format_utils' DynamicMetaLoadPlanner, are never swapped).
     save, load = default_planner.DefaultSavePlanner, default_planner.DefaultLoadPlanner

@@ -48,10 +48,12 @@ offsets and lengths that are int64 byte counts, names without NUL. Anything else
 from __future__ import annotations
 
 import io
+import operator
 import pickle
 import struct
 from array import array
-from collections.abc import ItemsView, Iterator, Mapping
+from collections.abc import ItemsView, Iterator, KeysView, Mapping
+from itertools import chain, repeat
 from typing import Any, NamedTuple
 
 import torch
@@ -64,6 +66,9 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from .._layout import int64_tensor
+
+_shape = operator.attrgetter("shape")
 KEY = "_hostreg_index"  # the attribute's name in the pickled state
 _HEADER = struct.Struct("<13Q")
 _FOOTER = struct.Struct("<Q4s")
@@ -238,12 +243,13 @@ def _split(data: bytes) -> list[str]:
     return data.decode().split("\0")[:-1] if data else []
 
 
-def _q(data: bytes | memoryview) -> list[int]:
-    if len(data) % 8:
-        raise BadIndex("a column's length is not a whole number of int64")
-    a = array("q")
-    a.frombytes(data)
-    return a.tolist()
+def _q(data: bytes, width: int = 1) -> torch.Tensor:
+    """A column's int64 values, as a tensor of ``width`` values a row."""
+    if len(data) % (8 * width):
+        raise BadIndex(f"a column's length is not a whole number of {width} int64")
+    if not data:
+        return torch.zeros((0, width), dtype=torch.int64)
+    return torch.frombuffer(bytearray(data), dtype=torch.int64).view(-1, width)
 
 
 class Index:
@@ -273,28 +279,32 @@ class Index:
                 raise BadIndex(f"{name!r} is not a torch dtype")
             self.dtypes.append(d)
         self.files = _split(files)
-        c = _q(cols)
-        self.kind, self.dtype, self.flags, self.ndim, self.nchunks = (c[i::5] for i in range(5))
-        self.sizes, self.geom = _q(sizes), _q(geom)
-        s = _q(stor)
-        self.file, self.offset, self.length = s[0::3], s[1::3], s[2::3]
-        if len(c) != 5 * n_fqn or len(self.names) != n_fqn or len(self.row) != n_fqn or len(self.file) != n_chunk:
+        c, st, p = _q(cols, 5), _q(stor, 3), _q(patch, 4)
+        if len(c) != n_fqn or len(self.names) != n_fqn or len(self.row) != n_fqn or len(st) != n_chunk:
             raise BadIndex("its counts differ from its columns")
-        pnames, p = _split(pfiles), _q(patch)
-        if len(p) % 4:
-            raise BadIndex("a patch entry is not 4 values")
-        base = len(self.files)
+        pnames = _split(pfiles)
+        slot, f = p[:, 0], p[:, 1]
+        if len(p) and not (
+            bool(((slot >= 0) & (slot < n_chunk) & (f >= 0) & (f < len(pnames))).all())
+            and bool((st[slot, 0] == -1).all())
+            and len(slot.unique()) == len(slot)
+        ):
+            raise BadIndex("a patch entry names no open chunk")
+        st[slot, 0] = f + len(self.files)
+        st[slot, 1:] = p[:, 2:]
         self.files += pnames
-        for slot, f, off, length in zip(p[0::4], p[1::4], p[2::4], p[3::4]):
-            if not (0 <= slot < n_chunk and self.file[slot] == -1 and 0 <= f < len(pnames)):
-                raise BadIndex("a patch entry names no open chunk")
-            self.file[slot], self.offset[slot], self.length[slot] = base + f, off, length
-        if -1 in self.file or (self.file and (min(self.file) < 0 or max(self.file) >= len(self.files))):
+        file, off, length = st.unbind(1)
+        if len(st) and not bool(((file >= 0) & (file < len(self.files))).all()):
             raise BadIndex("a chunk names no file")
-        if (self.offset and min(self.offset) < 0) or (self.length and min(self.length) < 0):
-            raise BadIndex("an offset or a length is negative")
+        if bool(((off < 0) | (length < 0) | (off > (1 << 63) - 1 - length)).any()):
+            raise BadIndex("an offset or a length is negative, or they pass 2**63 bytes")
+        chunk_columns = (file.contiguous(), off.contiguous(), length.contiguous())
+        self.file, self.offset, self.length = file.tolist(), off.tolist(), length.tolist()
+        self._sizes, self._geom = _q(sizes).view(-1), _q(geom).view(-1)
+        self.sizes, self.geom = self._sizes.tolist(), self._geom.tolist()
+        kind, dt, flags, nd, k = c.unbind(1)
+        self.kind, self.dtype, self.flags, self.ndim, self.nchunks = (x.tolist() for x in (kind, dt, flags, nd, k))
         # Where each fqn's size and chunks start (running sums), checked against the columns.
-        kind, dt, nd, k = (torch.tensor(c, dtype=torch.int64) for c in (self.kind, self.dtype, self.ndim, self.nchunks))
         tensor = kind == _TENSOR
         ok = (
             (tensor | (kind == _BYTES))
@@ -308,13 +318,16 @@ class Index:
         if not bool(ok.all()):
             raise BadIndex("an entry's kind, ndim, chunk count or dtype is out of range")
         size, geom = torch.where(tensor, nd, 0), torch.where(tensor, 2 * nd * k, 0)
-        self.first_chunk, self.first_size, self.first_geom = ((c.cumsum(0) - c).tolist() for c in (k, size, geom))
+        first = [c.cumsum(0) - c for c in (k, size, geom)]
+        self._columns = (first[0], *chunk_columns)
+        self._per_entry = (tensor & (k == 1), size, first[1], first[2])  # for _whole and whole_rows
+        self.first_chunk, self.first_size, self.first_geom = (c.tolist() for c in first)
         if (int(k.sum()), int(size.sum()), int(geom.sum())) != (n_chunk, len(self.sizes), len(self.geom)):
             raise BadIndex("its entries' chunks and sizes differ from its columns")
         self._planner = planner
         self._fields = fields
         self._entries: dict[int, Any] = {}
-        self._whole: list[tuple[int, ...] | None] | None = None
+        self._whole_mask: torch.Tensor | None = None
         self._spans: list[Span] | None = None
         self._infos: list[Any] = [None] * n_chunk
 
@@ -330,19 +343,53 @@ class Index:
         at = self.first_geom[r] + 2 * nd * j
         return tuple(self.geom[at : at + nd]), tuple(self.geom[at + nd : at + 2 * nd])
 
-    def whole_sizes(self) -> list[tuple[int, ...] | None]:
-        """Per entry, its size (a tuple: equal to a ``torch.Size`` of the same values) where it
-        is a tensor stored whole (one chunk at offset 0, of the whole size, not empty), else
-        None (made once)."""
-        got = self._whole
+    def _whole(self) -> torch.Tensor:
+        """Per entry, is it a tensor stored whole (one chunk at offset 0, of the whole size, not
+        empty)? A bool tensor, made once, over the columns at once."""
+        got = self._whole_mask
         if got is None:
-            got = self._whole = []
-            sizes, geom, add = self.sizes, self.geom, got.append
-            for kind, k, nd, fs, fg in zip(self.kind, self.nchunks, self.ndim, self.first_size, self.first_geom):
-                size = sizes[fs : fs + nd]
-                whole = kind == _TENSOR and k == 1 and geom[fg + nd : fg + 2 * nd] == size
-                add(tuple(size) if whole and not any(geom[fg : fg + nd]) and 0 not in size else None)
+            one_chunk, ndim, first_size, first_geom = self._per_entry
+            n = len(self.names)
+            sizes, geom = self._sizes, self._geom
+            # Size value e belongs to entry owner[e]; its first chunk's offset and size for
+            # that dimension lie at at[e] and at[e] + ndim in the geometry.
+            owner = torch.repeat_interleave(torch.arange(n), ndim)
+            at = first_geom[owner] + torch.arange(len(sizes)) - first_size[owner]
+            bad = (geom[at] != 0) | (geom[at + ndim[owner]] != sizes) | (sizes == 0)
+            got = self._whole_mask = one_chunk & (
+                torch.zeros(n, dtype=torch.int64).index_add_(0, owner, bad.long()) == 0
+            )
         return got
+
+    def whole_rows(self, fqns: list[str], objs: list[Any]) -> list[int | None]:
+        """Per state dict entry (``fqns[j]``: ``objs[j]``), the row of the index that holds it
+        whole where it is a plain ``torch.Tensor`` of that stored tensor's size (its one read
+        item is all of it), else None. Tested over all entries at once: the entries' shapes are
+        one column compared with the index's sizes."""
+        n = len(self.names)
+        plain = torch.Tensor
+        at = [j for j, o in enumerate(objs) if type(o) is plain]
+        rs = list(map(self.row.get, map(fqns.__getitem__, at), repeat(n)))  # n: not in the index
+        shapes = list(map(_shape, map(objs.__getitem__, at)))
+        nd = int64_tensor(list(map(len, shapes)))
+        flat = int64_tensor(list(chain.from_iterable(shapes)))
+        r = int64_tensor(rs)
+        known = r < n
+        r = torch.where(known, r, 0)
+        _, ndim, first_size, _ = self._per_entry
+        ok = known & self._whole()[r] & (nd == ndim[r])
+        # Shape value e belongs to entry owner[e]: compared with the stored size at pos[e].
+        owner = torch.repeat_interleave(torch.arange(len(at)), nd)
+        sizes = torch.cat((self._sizes, torch.zeros(1, dtype=torch.int64)))
+        pos = first_size[r][owner] + torch.arange(len(flat)) - (nd.cumsum(0) - nd)[owner]
+        pos = torch.where(ok[owner], pos, len(sizes) - 1)
+        bad = ok[owner] & (sizes[pos] != flat)
+        ok &= torch.zeros(len(at), dtype=torch.int64).index_add_(0, owner, bad.long()) == 0
+        out: list[int | None] = [None] * len(objs)
+        for j, row, good in zip(at, rs, ok.tolist()):
+            if good:
+                out[j] = row
+        return out
 
     def entry(self, r: int) -> Any:
         """The ``TensorStorageMetadata`` or ``BytesStorageMetadata`` of entry ``r`` (made once)."""
@@ -369,6 +416,11 @@ class Index:
         if got is None:
             got = self._infos[c] = _StorageInfo(self.files[self.file[c]], self.offset[c], self.length[c])
         return got
+
+    def columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Int64 tensors: each entry's first chunk, and each chunk's file (its place in
+        ``files``), byte offset and byte length."""
+        return self._columns
 
     def spans(self) -> list[Span]:
         """Per chunk, where its bytes lie (:class:`Span`: what hostreg's reader reads of a
@@ -445,6 +497,10 @@ class Entries(Mapping):
 
     def __contains__(self, fqn: object) -> bool:
         return fqn in self.index.row
+
+    def keys(self) -> KeysView[str]:
+        """The fqns: a dict's keys view (set operations with other keys at C speed)."""
+        return self.index.row.keys()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.index.names)

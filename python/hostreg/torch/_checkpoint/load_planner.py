@@ -13,7 +13,7 @@ index's columns, and the plan holds the row instead of the item (:class:`RowItem
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -111,43 +111,63 @@ class _NotFlat(Exception):
     """Raised inside :func:`_flat` where DCP's own flattening must run instead."""
 
 
-def _walk(node: dict, path: tuple, flat: dict[str, Any], mappings: dict[str, tuple]) -> None:
-    plain, meta = torch.Tensor, _META
+def _walk(node: dict, path: tuple, prefix: str, flat: dict[str, Any], parents: dict[str, tuple]) -> None:
+    plain = torch.Tensor
     for k, v in node.items():
         if type(k) is not str:
             raise _NotFlat
-        here = (*path, k)
         if type(v) is plain:
-            if v.device == meta:
+            if v.is_meta:
                 raise _NotFlat  # DCP's set-up makes it a real tensor
         elif isinstance(v, dict):
             if not v:
                 raise _NotFlat
-            _walk(v, here, flat, mappings)
+            _walk(v, (*path, k), f"{prefix}{k}.", flat, parents)
             continue
         elif type(v) not in _SCALARS:
             raise _NotFlat
-        fqn = ".".join(here)
+        fqn = prefix + k
         if fqn in flat:
             raise _NotFlat  # DCP raises "duplicated flatten key"
         flat[fqn] = v
-        mappings[fqn] = here
+        parents[fqn] = path
 
 
-def _flat(state_dict: Any) -> tuple[dict[str, Any], dict[str, tuple]] | None:
+class _Paths(Mapping):
+    """DCP's flattening mappings (fqn -> the path of keys to its value), each path made when it
+    is looked up (DCP's load looks up only those of bytes items) from the path of its dict,
+    which the entries of one dict share: no tuple is made per entry."""
+
+    def __init__(self, parents: dict[str, tuple]) -> None:
+        self._parents = parents
+
+    def __getitem__(self, fqn: str) -> tuple:
+        parent = self._parents[fqn]
+        skip = sum(map(len, parent)) + len(parent)  # the parent's keys and a "." after each
+        return (*parent, fqn[skip:])
+
+    def __contains__(self, fqn: object) -> bool:
+        return fqn in self._parents
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parents)
+
+    def __len__(self) -> int:
+        return len(self._parents)
+
+
+def _flat(state_dict: Any) -> tuple[dict[str, Any], Mapping[str, tuple]] | None:
     """DCP's ``flatten_state_dict`` of a state dict made only of dicts with ``str`` keys, plain
-    (``torch.Tensor``, not meta) tensors and scalars: the flattened dict and its mappings, in
-    DCP's order, made in one walk; None for anything else (then DCP's own code runs)."""
+    (``torch.Tensor``, not meta) tensors and scalars: the flattened dict and its mappings
+    (:class:`_Paths`), in DCP's order, made in one walk; None for anything else (then DCP's
+    own code runs)."""
     flat: dict[str, Any] = {}
-    mappings: dict[str, tuple] = {}
+    parents: dict[str, tuple] = {}
     try:
-        _walk(state_dict, (), flat, mappings)
+        _walk(state_dict, (), "", flat, parents)
     except _NotFlat:
         return None
-    return flat, mappings
-
-
-_META = torch.device("meta")
+    return flat, _Paths(parents)
 
 
 def destinations(planner: Any, items: list[ReadItem]) -> list[torch.Tensor | None] | None:
@@ -236,17 +256,21 @@ class LoadPlanner(DefaultLoadPlanner):
         # From an index (index.py): a plain tensor read whole from an entry stored whole is its
         # row (RowItems), found without making the entry's objects.
         index = stored.index if isinstance(stored, Entries) else None
-        row, whole_sizes = (index.row, index.whole_sizes()) if index is not None else ({}, [])
+        row = index.row if index is not None else {}
         items: list[Any] = []
         strict = not self.allow_partial_load
         dt = dtensor_type()
         plain, tsm = torch.Tensor, TensorStorageMetadata
-        for fqn, obj in self.state_dict.items():
+        fqns, objs = list(self.state_dict), list(self.state_dict.values())
+        rows = index.whole_rows(fqns, objs) if index is not None else [None] * len(fqns)
+        if index is not None and None not in rows:
+            return LoadPlan(RowItems(index, rows))  # every one a row (the usual load of a plain state dict)
+        for fqn, obj, r in zip(fqns, objs, rows):
+            if r is not None:
+                items.append(r)
+                continue
             if index is not None:
                 r = row.get(fqn)
-                if r is not None and type(obj) is plain and whole_sizes[r] is not None and obj.shape == whole_sizes[r]:
-                    items.append(r)
-                    continue
                 smd = None if r is None else index.entry(r)
             else:
                 smd = stored.get(fqn)

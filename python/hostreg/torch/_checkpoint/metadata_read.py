@@ -27,6 +27,7 @@ import pickle
 import stat
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -241,8 +242,8 @@ def check_storage(metadata: Any, directory: str) -> None:
             ok = names[rel] = _file_of(directory, rel)
         if not ok:
             raise ValueError(f"{getattr(index, 'fqn', index)}: its file {rel!r} is not a file of {directory}")
-        if type(off) is not int or type(length) is not int or off < 0 or length < 0:
-            raise ValueError(
+        if type(off) is not int or type(length) is not int or off < 0 or length < 0 or off + length >= 1 << 63:
+            raise ValueError(  # (a file holds fewer than 2**63 bytes: off_t is int64)
                 f"{getattr(index, 'fqn', index)}: offset {off!r} and length {length!r} are not byte counts"
             )
 
@@ -291,22 +292,30 @@ def check_ranges(name: str, size: int, reqs: Any, infos: list[Any]) -> None:
     for k, info in enumerate(infos):
         seen.setdefault(id(info), k)
     ks = list(seen.values())
-
-    def what(k: int) -> str:
-        info = infos[k]
-        return f"{reqs[k].storage_index.fqn}: bytes {info.offset} to {info.offset + info.length} of {name}"
-
-    past = [k for k in ks if infos[k].offset + infos[k].length > size]
-    if past:
-        k = min(past, key=lambda k: infos[k].offset)
-        raise ValueError(f"{what(k)} run past the end of {name} ({size} bytes): truncated, or not this file's metadata")
-    if len(ks) < 2:
-        return
     offs = torch.tensor([infos[k].offset for k in ks], dtype=torch.int64)
-    stops = offs + torch.tensor([infos[k].length for k in ks], dtype=torch.int64)
+    lens = torch.tensor([infos[k].length for k in ks], dtype=torch.int64)
+    check_spans(name, size, offs, lens, lambda j: reqs[ks[j]].storage_index.fqn)
+
+
+def check_spans(name: str, size: int, offs: torch.Tensor, lens: torch.Tensor, label: Callable[[int], str]) -> None:
+    """:func:`check_ranges` over distinct containers given as tensors (int64 byte offsets and
+    lengths in file ``name`` of ``size`` bytes); ``label(j)`` names the item of the j-th in
+    an error."""
+
+    def what(j: int) -> str:
+        o, n = int(offs[j]), int(lens[j])
+        return f"{label(j)}: bytes {o} to {o + n} of {name}"
+
+    stops = offs + lens
+    past = (stops > size).nonzero().squeeze(1)
+    if len(past):
+        j = int(past[offs[past].argmin()])
+        raise ValueError(f"{what(j)} run past the end of {name} ({size} bytes): truncated, or not this file's metadata")
+    if len(offs) < 2:
+        return
     order = torch.argsort(offs, stable=True)
-    offs, ends = offs[order], torch.cummax(stops[order], 0).values
-    bad = (offs[1:] < ends[:-1]).nonzero()
+    starts, ends = offs[order], torch.cummax(stops[order], 0).values
+    bad = (starts[1:] < ends[:-1]).nonzero()
     if len(bad):
         j = int(bad[0]) + 1
-        raise ValueError(f"{what(ks[int(order[j])])} overlap another item's (at most up to byte {int(ends[j - 1])})")
+        raise ValueError(f"{what(int(order[j]))} overlap another item's (at most up to byte {int(ends[j - 1])})")

@@ -5,6 +5,8 @@ request. They are packed into chunks of about :data:`CHUNK` bytes in file order,
 core into one of two buffers that alternate, the next chunk being read by a background thread
 while the caller serves the one before. So a load holds at most two chunks of such containers
 in memory, whatever the checkpoint's size, and the disk is not idle while Python works.
+:func:`cut` and :func:`pipelined` serve both kinds of reads: the ``ReadItem`` s here
+(:func:`chunks_read`, :func:`serve_whole`) and the rows of an index (``read_rows.py``).
 """
 
 from __future__ import annotations
@@ -27,73 +29,66 @@ CHUNK = 64 << 20  # bytes of containers a chunk holds (one larger container make
 Chunk = tuple[list[Any], int]
 
 
-def plan_chunks(infos: list[Any]) -> list[Chunk]:
-    """``infos`` (distinct containers) in file order, cut into chunks of up to :data:`CHUNK`
-    bytes (a container longer than that alone)."""
-    out: list[Chunk] = []
-    cur: list[Any] = []
-    size = 0
-    for info in sorted(infos, key=lambda i: (i.relative_path, i.offset)):
-        if cur and size + info.length > CHUNK:
-            out.append((cur, size))
-            cur, size = [], 0
-        cur.append(info)
-        size += info.length
-    if cur:
-        out.append((cur, size))
+def cut(lengths: list[int]) -> list[tuple[int, int, int]]:
+    """Consecutive runs of ``lengths`` (containers in file order) as chunks: (first, stop,
+    bytes), each of up to :data:`CHUNK` bytes (a container longer than that alone)."""
+    out: list[tuple[int, int, int]] = []
+    first = size = 0
+    limit = CHUNK
+    for k, n in enumerate(lengths):
+        if k > first and size + n > limit:
+            out.append((first, k, size))
+            first, size = k, 0
+        size += n
+    if first < len(lengths):
+        out.append((first, len(lengths), size))
     return out
+
+
+def plan_chunks(infos: list[Any]) -> list[Chunk]:
+    """``infos`` (distinct containers) in file order, cut into chunks (:func:`cut`)."""
+    ordered = sorted(infos, key=lambda i: (i.relative_path, i.offset))
+    return [(ordered[a:b], n) for a, b, n in cut([i.length for i in ordered])]
 
 
 Read = Callable[[list[tuple[int, int, int]]], None]
 
 
-def chunks_read(
-    chunks: list[Chunk], transfer: Read
-) -> Generator[tuple[list[Any], Any, int, dict[int, int]], None, None]:
-    """Yields each chunk once read: (its containers, the buffer holding them, the buffer's
-    address, {id(info): the container's offset in the buffer}). ``transfer`` reads a list of
-    (file offset, bytes, address) segments. The next chunk is read by a background thread
-    while the caller holds this one (sequentially where no thread can be started); the buffer
-    is reused two chunks later, so the caller copies out what it needs before asking for the
-    next. Closing the iterator (or an exception in the caller, e.g. Ctrl-C, with the iterator
-    closed by ``contextlib.closing``) waits for a read in flight before its buffer can go."""
+def pipelined(sizes: list[int], fill: Callable[[int, Any, int], Any]) -> Generator[tuple[Any, int, Any], None, None]:
+    """Yields, for each chunk ``k`` (``sizes[k]`` bytes), (the buffer holding it, the buffer's
+    address, what ``fill(k, buffer, address)`` returned once it read the chunk into the
+    buffer). The next chunk is filled by a background thread while the caller holds this one
+    (in turn where no thread can be started); two buffers alternate, so the caller copies out
+    what it needs before asking for the next. Closing the iterator (or an exception in the
+    caller, e.g. Ctrl-C, with the iterator closed by ``contextlib.closing``) waits for a fill
+    in flight before its buffer can go."""
     buffers: list[Any] = [None, None]
-    cap = max((size for _, size in chunks), default=0) or 1  # each buffer holds any chunk
+    cap = max(sizes, default=0) or 1  # each buffer holds any chunk
 
-    def read(k: int) -> tuple[Any, int, dict[int, int]]:
-        infos, _ = chunks[k]
+    def read(k: int) -> tuple[Any, int, Any]:
         buf = buffers[k % 2]
         if buf is None:
             # An anonymous mapping: the kernel zeroes its pages as the read first touches them
             # (a bytearray of a few hundred MiB spent longer zeroing itself than the read took).
             buf = buffers[k % 2] = mmap.mmap(-1, cap)
         base = _address(buf)
-        at: dict[int, int] = {}
-        segs = []
-        off = 0
-        for info in infos:
-            at[id(info)] = off
-            if info.length:
-                segs.append((info.offset, info.length, base + off))
-            off += info.length
-        transfer(segs)
-        return buf, base, at
+        return buf, base, fill(k, buf, base)
 
     pool: ThreadPoolExecutor | None = None
-    if len(chunks) > 1:
+    if len(sizes) > 1:
         try:
             pool = ThreadPoolExecutor(1, thread_name_prefix="hostreg-read")
         except RuntimeError:
             pool = None
     ahead: Future | None = None
     try:
-        for k in range(len(chunks)):
+        for k in range(len(sizes)):
             if pool is not None:
                 if ahead is None:
                     ahead = pool.submit(read, k)
                 got = ahead.result()
                 ahead = None
-                if k + 1 < len(chunks):
+                if k + 1 < len(sizes):
                     try:
                         ahead = pool.submit(read, k + 1)
                     except RuntimeError:  # no thread could be started: read the rest in turn
@@ -101,10 +96,37 @@ def chunks_read(
                         pool = None
             else:
                 got = read(k)
-            yield (chunks[k][0], *got)
+            yield got
     finally:
         if pool is not None:
             pool.shutdown(wait=True)  # a read in flight ends before its buffer may be freed
+
+
+def chunks_read(
+    chunks: list[Chunk], transfer: Read
+) -> Generator[tuple[list[Any], Any, int, dict[int, int]], None, None]:
+    """Yields each chunk once read (:func:`pipelined`): (its containers, the buffer holding
+    them, the buffer's address, {id(info): the container's offset in the buffer}).
+    ``transfer`` reads a list of (file offset, bytes, address) segments."""
+
+    def fill(k: int, buf: Any, base: int) -> dict[int, int]:
+        at: dict[int, int] = {}
+        segs = []
+        off = 0
+        for info in chunks[k][0]:
+            at[id(info)] = off
+            if info.length:
+                segs.append((info.offset, info.length, base + off))
+            off += info.length
+        transfer(segs)
+        return at
+
+    reads = pipelined([size for _, size in chunks], fill)
+    try:
+        for k, (buf, base, at) in enumerate(reads):
+            yield chunks[k][0], buf, base, at
+    finally:
+        reads.close()
 
 
 def serve_whole(buf: Any, base: int, idx: list[int], infos: list[Any], at: dict[int, int], dests: list) -> list[int]:

@@ -10,6 +10,7 @@ import functools
 import inspect
 import io
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from . import read_chunks as _chunks
 from .files import BLOCK, METADATA, IoStats, _address, _open, _raise_io, check_threads, threads_for
 from .load_planner import RowItems
 from .load_planner import destinations as _destinations
+from .read_rows import serve_rows
 
 _STOCK_ARGS = frozenset(inspect.signature(_StockReader.__init__).parameters)  # the installed torch's
 
@@ -102,47 +104,59 @@ class FileSystemReader(_StockReader):
     def _read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         self.stats = IoStats()
         items: Any = plan.items
+        reads: list[Any] = items
+        rows: list[int] = []
         # A plan of hostreg's LoadPlanner from this reader's index (index.py): its whole
-        # tensors are rows of the index, read without making their ReadItems.
+        # tensors are rows of the index, read without making their ReadItems (read_rows.py).
         index = getattr(self, "_index", None)
-        rows = (
+        if (
             index is not None
             and isinstance(items, RowItems)
             and items.metadata_index is index
             and _destinations(planner, []) is not None
-        )
-        spans, first = (index.spans(), index.first_chunk) if rows else ([], [])  # type: ignore[union-attr]
-        reads = items.slots if rows else items
+        ):
+            rows = [s for s in items.slots if type(s) is int]
+            reads = [s for s in items.slots if type(s) is not int]
         if self.verify:
-            self._verify(
-                {
-                    spans[first[r]].relative_path
-                    if type(r) is int
-                    else self.storage_data[r.storage_index].relative_path
-                    for r in reads
-                }
-            )
+            files = {self.storage_data[r.storage_index].relative_path for r in reads}
+            if rows:
+                first, file = index.columns()[:2]  # type: ignore[union-attr]
+                files.update(index.files[f] for f in file[first[torch.tensor(rows)]].unique().tolist())  # type: ignore[union-attr]
+            self._verify(files)
+        if rows:
+            commit = None
+            if type(planner).commit_tensor is not DefaultLoadPlanner.commit_tensor:  # DCP's does nothing
+                commit = lambda r, t: planner.commit_tensor(items._item(r), t)  # noqa: E731
+            directory = os.fspath(self.path)
+            left = serve_rows(index, rows, planner.state_dict, directory, self._opened, self._read_rows, commit, WHOLE)
+            reads += map(items._item, left)
         per_file: dict[str, tuple[list[Any], list[Any]]] = {}  # relative path -> (reads, their items' _StorageInfo)
         slow: list[Any] = []
         for req in reads:
-            if rows and type(req) is int:
-                info = spans[first[req]]
-            else:
-                info = self.storage_data[req.storage_index]
-                if getattr(info, "transform_descriptors", None):
-                    slow.append(req)
-                    continue
+            info = self.storage_data[req.storage_index]
+            if getattr(info, "transform_descriptors", None):
+                slow.append(req)
+                continue
             reqs, infos = per_file.setdefault(info.relative_path, ([], []))
             reqs.append(req)
             infos.append(info)
         for rel, (reqs, infos) in per_file.items():
-            got = _Reqs(items, reqs) if rows else reqs
-            slow += self._read_file(os.path.join(os.fspath(self.path), rel), got, infos, planner)
+            slow += self._read_file(os.path.join(os.fspath(self.path), rel), reqs, infos, planner)
         if slow:
             super().read_data(dataclasses.replace(plan, items=slow), planner).wait()
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
+
+    @contextlib.contextmanager
+    def _opened(self, path: str) -> Iterator[int]:
+        """A descriptor of the checkpoint file ``path`` to read it (``O_DIRECT`` where asked
+        for, unless a verified file is read from the page cache the check filled), closed after."""
+        fd = _open(path, os.O_RDONLY, self.direct_io and not self.verify)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     def _verify(self, files: set[str]) -> None:
         """``verify=True``: raises ``CorruptCheckpointError`` naming each problem (up to 20)
@@ -157,13 +171,20 @@ class FileSystemReader(_StockReader):
             raise CorruptCheckpointError(f"{os.fspath(self.path)} is not what was saved: {shown}{more}")
 
     def _transfer(self, fd: int, segments: list[tuple[int, int, int]]) -> None:
+        """Reads ``segments`` ((file offset, bytes, address), any order) of ``fd``."""
         segments.sort()
         seg = array.array("Q")
         for s in segments:
             seg.extend(s)
-        got = _hostreg.file_read(
-            fd, seg.buffer_info()[0], len(segments), threads_for(os.fspath(self.path), self.thread_count)
-        )
+        self._read_array(fd, seg.buffer_info()[0], len(segments))
+
+    def _read_rows(self, fd: int, segments: torch.Tensor) -> None:
+        """Reads ``segments`` (int64, shape (k, 3): file offset, bytes, address; in file order)."""
+        segments = segments.contiguous()
+        self._read_array(fd, segments.data_ptr(), len(segments))
+
+    def _read_array(self, fd: int, address: int, count: int) -> None:
+        got = _hostreg.file_read(fd, address, count, threads_for(os.fspath(self.path), self.thread_count))
         if got[0] != 0:
             _raise_io("cannot read the checkpoint file")
         self.stats.add(got)
@@ -171,12 +192,9 @@ class FileSystemReader(_StockReader):
     def _read_file(self, path: str, reqs: Any, infos: list[Any], planner: LoadPlanner) -> list[Any]:
         """Serves ``reqs`` (``infos``: where each one's item lies) from one file; returns those
         left to DCP's reader."""
-        fd = _open(path, os.O_RDONLY, self.direct_io and not self.verify)  # verified: in the page cache
-        try:
+        with self._opened(path) as fd:
             _metadata_read.check_ranges(os.path.basename(path), os.fstat(fd).st_size, reqs, infos)
             return self._serve(fd, reqs, infos, planner)
-        finally:
-            os.close(fd)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         """The checkpoint's ``Metadata``: ``.metadata``, or with ``rank=`` (DCP's fallback for a
@@ -225,12 +243,8 @@ class FileSystemReader(_StockReader):
         small: dict[int, Any] = {}
         large: dict[int, Any] = {}
         items_of: dict[int, list[int]] = {}  # id(info) -> the items read from it
-        dests: list[Any] | None
-        if isinstance(reqs, _Reqs):
-            kinds, dests = reqs.kinds(), reqs.destinations(planner)
-        else:
-            kinds = [req.type for req in reqs]
-            dests = _destinations(planner, reqs)  # whole plain tensors' destinations at once, or None
+        kinds = [req.type for req in reqs]
+        dests = _destinations(planner, reqs)  # whole plain tensors' destinations at once, or None
         for i, (kind, info) in enumerate(zip(kinds, infos)):
             got = items_of.get(id(info))
             if got is None:
@@ -384,37 +398,6 @@ class FileSystemReader(_StockReader):
         for d in range(1, len(shape)):
             view = view.narrow(d, offs[d], lens[d])
         return view
-
-
-class _Reqs:
-    """One file's reads of a :class:`RowItems` plan: an int is a whole tensor's row of the
-    index, made a ``ReadItem`` only where one is asked for (``reqs[i]``)."""
-
-    def __init__(self, items: RowItems, slots: list[Any]) -> None:
-        self.items, self.slots = items, slots
-
-    def __getitem__(self, i: int) -> Any:
-        return self.items._item(self.slots[i])
-
-    def __len__(self) -> int:
-        return len(self.slots)
-
-    def kinds(self) -> list[Any]:
-        tensor = LoadItemType.TENSOR
-        return [tensor if type(s) is int else s.type for s in self.slots]
-
-    def destinations(self, planner: Any) -> list[torch.Tensor | None]:
-        """As ``load_planner.destinations`` (the planner is one it answers for): a row's is the
-        state dict's tensor of that name, which the planner found to be a plain tensor of the
-        stored size."""
-        get, names = planner.state_dict.__getitem__, self.items.metadata_index.names
-        out: list[torch.Tensor | None] = []
-        for s in self.slots:
-            if type(s) is int:
-                out.append(get(names[s]))
-            else:
-                out += _destinations(planner, [s]) or [None]
-        return out
 
 
 def _staging(nbytes: int, file_offset: int, pinned: bool) -> torch.Tensor:
