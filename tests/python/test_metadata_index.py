@@ -254,3 +254,57 @@ def test_a_truncated_file_is_an_error_naming_the_row_past_its_end(tmp_path: Path
             dcp.load(dest, storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner(), no_dist=True)
         except Exception as e:  # DCP may wrap what its ranks raise
             raise RuntimeError(str(e)) from e
+
+
+def _set_chunk(view: bytes, chunk: int, file: int, offset: int, length: int) -> bytes:
+    """The index ``view`` with chunk ``chunk``'s storage set (file, offset, length): in the
+    storage columns, or where the patch gives it (a bytes item's), in the patch's entry (its
+    file then numbers the patch's files)."""
+    idx = bytearray(view)
+    lens = struct.unpack_from("<13Q", idx, len(idx) - struct.calcsize("<Q4s") - struct.calcsize("<13Q"))
+    at = sum(lens[:6]) + 24 * chunk
+    if struct.unpack_from("<q", idx, at)[0] != -1:
+        struct.pack_into("<3q", idx, at, file, offset, length)
+        return bytes(idx)
+    patch = sum(lens[:9])
+    for e in range(lens[9] // 32):
+        if struct.unpack_from("<q", idx, patch + 32 * e)[0] == chunk:
+            struct.pack_into("<3q", idx, patch + 32 * e + 8, 0, offset, length)
+            return bytes(idx)
+    raise AssertionError(f"chunk {chunk} is in neither the columns nor the patch")
+
+
+@pytest.mark.parametrize("alias", ["another row, by the file's second name", "a bytes item"])
+def test_rows_that_overlap_other_items_of_their_file_are_an_error(tmp_path: Path, alias: str):
+    """The index lists a file's name twice (its own files, then the patch's); a row sent to
+    another row's container through the second, or a bytes item sent to a row's container, is
+    found overlapping as DCP's items are (by file name, rows and items together), not loaded."""
+    sd = {f"w{i:02d}": torch.randn(16, 16, generator=torch.Generator().manual_seed(i)) for i in range(12)}
+    sd["s"] = 7
+    dcp.save(sd, storage_writer=ht.FileSystemWriter(tmp_path), planner=ht.SavePlanner(), no_dist=True)
+    ix = ht.FileSystemReader(tmp_path).read_metadata().storage_data.index
+    assert ix.files == [ix.files[0]] * 2  # the base files, then the patch's: the same name
+    target = ix.first_chunk[ix.row["w05"]]
+    moved = ix.first_chunk[ix.row["w01" if alias.startswith("another") else "s"]]
+    rewrite_index(tmp_path, lambda v: _set_chunk(v, moved, 1, ix.offset[target], ix.length[target]))
+    for planner in (ht.LoadPlanner(), DefaultLoadPlanner()):
+        dest = {k: torch.zeros(16, 16) for k in sd if k != "s"} | {"s": 0}
+        with pytest.raises(BaseException, match="overlap another item's"):
+            try:
+                dcp.load(dest, storage_reader=ht.FileSystemReader(tmp_path), planner=planner, no_dist=True)
+            except Exception as e:  # DCP may wrap what its ranks raise
+                raise RuntimeError(str(e)) from e
+
+
+def test_a_checkpoint_of_an_empty_state_dict_loads_as_dcps_does(tmp_path: Path):
+    """An index with no entries: a strict load of a tensor is DCP's missing-key error, a
+    partial load leaves it as it was."""
+    dcp.save({}, storage_writer=ht.FileSystemWriter(tmp_path), planner=ht.SavePlanner(), no_dist=True)
+    with pytest.raises(BaseException, match="Missing key in checkpoint state_dict: a"):
+        dcp.load(
+            {"a": torch.zeros(3)}, storage_reader=ht.FileSystemReader(tmp_path), planner=ht.LoadPlanner(), no_dist=True
+        )
+    dest = {"a": torch.ones(3)}
+    planner = ht.LoadPlanner(allow_partial_load=True)
+    dcp.load(dest, storage_reader=ht.FileSystemReader(tmp_path), planner=planner, no_dist=True)
+    assert torch.equal(dest["a"], torch.ones(3))

@@ -368,7 +368,7 @@ class Index:
         one column compared with the index's sizes."""
         n = len(self.names)
         plain = torch.Tensor
-        at = [j for j, o in enumerate(objs) if type(o) is plain]
+        at = [j for j, o in enumerate(objs) if type(o) is plain] if n else []  # (an empty index: no row)
         rs = list(map(self.row.get, map(fqns.__getitem__, at), repeat(n)))  # n: not in the index
         shapes = list(map(_shape, map(objs.__getitem__, at)))
         nd = int64_tensor(list(map(len, shapes)))

@@ -286,15 +286,21 @@ def check_bytes_item(key: str, raw: bytes) -> None:
 def check_ranges(name: str, size: int, reqs: Any, infos: list[Any]) -> None:
     """Raises ``ValueError`` naming the item where the items ``reqs`` of file ``name`` (``size``
     bytes; ``infos``: each one's ``_StorageInfo``) run past its end (a truncated file, or
-    metadata of another) or overlap one another (no writer lays items out so). ``reqs`` is
-    indexed only to name an item in an error."""
+    metadata of another) or overlap one another (no writer lays items out so)."""
+    offs, lens, labels = spans_of(reqs, infos)
+    check_spans(
+        name, size, torch.tensor(offs, dtype=torch.int64), torch.tensor(lens, dtype=torch.int64), labels.__getitem__
+    )
+
+
+def spans_of(reqs: Any, infos: list[Any]) -> tuple[list[int], list[int], list[str]]:
+    """The distinct containers ``infos`` of read items ``reqs`` (several items may read one):
+    (their offsets, lengths, and the name of the first item of each)."""
     seen: dict[int, int] = {}
     for k, info in enumerate(infos):
         seen.setdefault(id(info), k)
     ks = list(seen.values())
-    offs = torch.tensor([infos[k].offset for k in ks], dtype=torch.int64)
-    lens = torch.tensor([infos[k].length for k in ks], dtype=torch.int64)
-    check_spans(name, size, offs, lens, lambda j: reqs[ks[j]].storage_index.fqn)
+    return [infos[k].offset for k in ks], [infos[k].length for k in ks], [reqs[k].storage_index.fqn for k in ks]
 
 
 def check_spans(name: str, size: int, offs: torch.Tensor, lens: torch.Tensor, label: Callable[[int], str]) -> None:

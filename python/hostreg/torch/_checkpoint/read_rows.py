@@ -48,6 +48,7 @@ def serve_rows(
     transfer: Callable[[int, torch.Tensor], None],
     commit: Callable[[int, torch.Tensor], None] | None,
     whole: int,
+    others: dict[str, tuple[list[int], list[int], list[str]]],
 ) -> list[int]:
     """Reads and copies the ``rows`` of ``index`` (row numbers of tensors stored whole) into
     their destinations, ``state_dict[name]`` (the planner's flattened state dict: a plain
@@ -55,14 +56,21 @@ def serve_rows(
     giving a file descriptor to read the file at ``path``; ``transfer(fd, segments)``: reads the
     segments (an int64 tensor of shape (k, 3): file offset, bytes, address); ``commit(row,
     tensor)``: called for each row served, where the planner wants to be told. Containers of
-    more than ``whole`` bytes are left. Returns the rows it did not serve. Raises ``ValueError``
-    naming the tensor where a row's bytes run past its file's end or overlap another row's."""
+    more than ``whole`` bytes are left. Returns the rows it did not serve.
+
+    Before a file is read, every row in it and the load's other items in it (``others``: file
+    name -> their containers' offsets, lengths and names) are checked together: ``ValueError``
+    naming the tensor where one runs past the file's end or overlaps another
+    (``metadata_read.check_spans``)."""
     if not rows:
         return []
     first_chunk, file_col, offset_col, length_col = index.columns()
     r = int64_tensor(rows)
     chunk = first_chunk[r]
-    files, offs, lens = file_col[chunk], offset_col[chunk], length_col[chunk]
+    offs, lens = offset_col[chunk], length_col[chunk]
+    canon: dict[str, int] = {}  # one number per file name (the index may list a name twice)
+    files = int64_tensor([canon.setdefault(name, len(canon)) for name in index.files])[file_col[chunk]]
+    paths = list(canon)
     names = index.names
     ts = list(map(state_dict.__getitem__, map(names.__getitem__, rows)))
     plain = torch.Tensor
@@ -81,28 +89,37 @@ def serve_rows(
         pids.append(p)
     pid = int64_tensor(pids)
     direct &= bool_tensor([p is not None for p in pats])[pid] & (lens > 0) & (lens <= whole)
-    todo = direct.nonzero().squeeze(1)
-    todo = todo[offs[todo].argsort(stable=True)]
-    todo = todo[files[todo].argsort(stable=True)]  # by file, then offset
+    order = offs.argsort(stable=True)
+    order = order[files[order].argsort(stable=True)]  # by file, then offset
     ptrs = int64_tensor(list(map(plain.data_ptr, ts)))
     served = torch.zeros(len(rows), dtype=torch.bool)
-    per_file = torch.unique_consecutive(files[todo], return_counts=True)[1].tolist()
+    ids, counts = torch.unique_consecutive(files[order], return_counts=True)
     at = 0
-    for count in per_file:
-        mine = todo[at : at + count]
+    for f, count in zip(ids.tolist(), counts.tolist()):
+        here = order[at : at + count]
         at += count
-        path = index.files[int(files[mine[0]])]
+        path = paths[f]
+        o, n, labels = others.get(path, ([], [], []))
         with opened(os.path.join(directory, path)) as fd:
-            check_spans(path, os.fstat(fd).st_size, offs[mine], lens[mine], functools.partial(_name, names, rows, mine))
-            _serve_file(fd, mine, offs, lens, pid, pats, ptrs, served, transfer)
+            check_spans(
+                path,
+                os.fstat(fd).st_size,
+                torch.cat((offs[here], int64_tensor(o))),
+                torch.cat((lens[here], int64_tensor(n))),
+                functools.partial(_name, names, rows, here, labels),
+            )
+            mine = here[direct[here]]
+            if len(mine):
+                _serve_file(fd, mine, offs, lens, pid, pats, ptrs, served, transfer)
     if commit is not None:
         for i in served.nonzero().squeeze(1).tolist():
             commit(rows[i], ts[i])
     return [rows[i] for i in (~served).nonzero().squeeze(1).tolist()]
 
 
-def _name(names: list[str], rows: list[int], mine: torch.Tensor, j: int) -> str:
-    return names[rows[int(mine[j])]]
+def _name(names: list[str], rows: list[int], here: torch.Tensor, labels: list[str], j: int) -> str:
+    """The name of the j-th container checked: a row's tensor, then the other items."""
+    return names[rows[int(here[j])]] if j < len(here) else labels[j - len(here)]
 
 
 def _serve_file(

@@ -123,15 +123,30 @@ class FileSystemReader(_StockReader):
                 first, file = index.columns()[:2]  # type: ignore[union-attr]
                 files.update(index.files[f] for f in file[first[torch.tensor(rows)]].unique().tolist())  # type: ignore[union-attr]
             self._verify(files)
+        per_file: dict[str, tuple[list[Any], list[Any]]] = {}  # relative path -> (reads, their items' _StorageInfo)
+        slow: list[Any] = []
+        self._group(reads, per_file, slow)
         if rows:
             commit = None
             if type(planner).commit_tensor is not DefaultLoadPlanner.commit_tensor:  # DCP's does nothing
                 commit = lambda r, t: planner.commit_tensor(items._item(r), t)  # noqa: E731
+            others = {rel: _metadata_read.spans_of(reqs, infos) for rel, (reqs, infos) in per_file.items()}
             directory = os.fspath(self.path)
-            left = serve_rows(index, rows, planner.state_dict, directory, self._opened, self._read_rows, commit, WHOLE)
-            reads += map(items._item, left)
-        per_file: dict[str, tuple[list[Any], list[Any]]] = {}  # relative path -> (reads, their items' _StorageInfo)
-        slow: list[Any] = []
+            left = serve_rows(
+                index, rows, planner.state_dict, directory, self._opened, self._read_rows, commit, WHOLE, others
+            )
+            self._group(map(items._item, left), per_file, slow)
+        for rel, (reqs, infos) in per_file.items():
+            slow += self._read_file(os.path.join(os.fspath(self.path), rel), reqs, infos, planner)
+        if slow:
+            super().read_data(dataclasses.replace(plan, items=slow), planner).wait()
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _group(self, reads: Any, per_file: dict[str, tuple[list[Any], list[Any]]], slow: list[Any]) -> None:
+        """Adds ``reads`` to ``per_file`` (relative path -> (reads, their _StorageInfo)), those
+        with stream transforms to ``slow`` (DCP's reader reads them)."""
         for req in reads:
             info = self.storage_data[req.storage_index]
             if getattr(info, "transform_descriptors", None):
@@ -140,13 +155,6 @@ class FileSystemReader(_StockReader):
             reqs, infos = per_file.setdefault(info.relative_path, ([], []))
             reqs.append(req)
             infos.append(info)
-        for rel, (reqs, infos) in per_file.items():
-            slow += self._read_file(os.path.join(os.fspath(self.path), rel), reqs, infos, planner)
-        if slow:
-            super().read_data(dataclasses.replace(plan, items=slow), planner).wait()
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
 
     @contextlib.contextmanager
     def _opened(self, path: str) -> Iterator[int]:
