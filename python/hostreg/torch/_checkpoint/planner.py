@@ -4,8 +4,8 @@ A training job saves the same structure every time, and DCP's ``DefaultSavePlann
 everything per item at every save: it flattens the state dict, makes a ``WriteItem`` per
 tensor (local plan), gathers the plans, deduplicates, rewrites index hints and validates them
 (global plan), and builds ``Metadata``; about 70 us an item in torch 2.13. :class:`SavePlanner`
-does the same the first time it sees a structure (the flattening, the ``WriteItem`` s and
-two steps of the global plan made faster, with DCP's results: docs/planning.md), and on a
+does the same the first time it sees a structure (the flattening and two steps of the global
+plan made faster, with DCP's results: docs/planning.md), and on a
 save whose structure is one it planned before, it hands out what it made then:
 
 - the flattened state dict is rebuilt from the spec (``_tree``) without DCP's traversal;
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import default_planner as _dcp_planner
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
 from .. import _issued, _tree
 from .._collector import collector_paused
@@ -48,7 +48,7 @@ from .._dtensor import dtensor_type, placement_of
 from .._sources import _views
 from . import keyed
 from .global_plan import global_save_plan, merged_planner_data
-from .load_planner import _SCALARS, _flat
+from .load_planner import _flat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,60 +128,6 @@ def _read_columns(tensors: list[torch.Tensor]) -> tuple | None:
         list(map(_REQUIRES_GRAD, tensors)),
         placed,
     )
-
-
-class _WriteItemFactory:
-    """The ``WriteItem`` DCP's ``_create_write_items`` makes for a plain tensor or a value saved
-    as bytes, equal to it: templates made once by DCP's own helpers (so every field of the
-    installed torch's classes is there), copied and filled in by their ``__dict__`` (the
-    classes are frozen dataclasses, whose constructors cost about 15 us an item in all)."""
-
-    def __init__(self) -> None:
-        from torch.distributed.checkpoint.planner_helpers import (
-            _create_write_item_for_bytesio,
-            _create_write_item_for_tensor,
-        )
-
-        t = _create_write_item_for_tensor("", torch.zeros(1))
-        data = t.tensor_data
-        self.item, self.index, self.data = vars(t), vars(t.index), vars(data)
-        self.chunk, self.props = vars(data.chunk), vars(data.properties)
-        b = _create_write_item_for_bytesio("", None)
-        self.bytes_item, self.bytes_index = vars(b), vars(b.index)
-        self.contiguous = torch.contiguous_format
-
-    @staticmethod
-    def _new(cls: type, template: dict, **fields: Any) -> Any:
-        obj: Any = object.__new__(cls)
-        vars(obj).update(template, **fields)
-        return obj
-
-    def tensor(self, fqn: str, t: torch.Tensor, pinned: bool) -> Any:
-        size = t.size()
-        zeros = torch.Size((0,) * len(size))
-        new, item = self._new, self.item
-        data = item["tensor_data"]
-        props = new(
-            type(data.properties),
-            self.props,
-            dtype=t.dtype,
-            layout=t.layout,
-            requires_grad=t.requires_grad,
-            memory_format=self.contiguous,
-            pin_memory=pinned,
-        )
-        # Objects shared and not shared as in DCP's items (their pickles are the same).
-        chunk = new(type(data.chunk), self.chunk, offsets=zeros, sizes=size)
-        index = new(type(item["index"]), self.index, fqn=fqn, offset=torch.Size((0,) * len(size)))
-        data = new(type(data), self.data, chunk=chunk, properties=props, size=t.size())
-        return new(WriteItem, item, index=index, tensor_data=data)
-
-    def bytes(self, fqn: str) -> Any:
-        index = self._new(type(self.bytes_item["index"]), self.bytes_index, fqn=fqn)
-        return self._new(WriteItem, self.bytes_item, index=index)
-
-
-_write_items: _WriteItemFactory | None = None
 
 
 def _probe(state_dict: Any) -> tuple[tuple, list[torch.Tensor], list[Any]] | None:
@@ -453,9 +399,7 @@ class SavePlanner(DefaultSavePlanner):
             return self._plan_locally()
 
     def _plan_locally(self) -> SavePlan:
-        plan = self._plain_local_plan()
-        if plan is None:
-            plan = super().create_local_plan()
+        plan = super().create_local_plan()
         if self._probe is not None:
             key, cols, tensors, values, state = self._probe
             self._probe = None
@@ -467,30 +411,6 @@ class SavePlanner(DefaultSavePlanner):
                 self._entry = entry
                 self._leaves = list(self.state_dict.values()) if entry.fqns is not None else []
                 self.plan = plan = entry.plan
-        return plan
-
-    def _plain_local_plan(self) -> SavePlan | None:
-        """DCP's local plan (``create_default_local_save_plan``, its planner data) where the
-        flattened state dict holds only plain tensors and scalars, its items made by
-        :class:`_WriteItemFactory`; None otherwise (then DCP's code plans)."""
-        global _write_items
-        values = list(self.state_dict.values())
-        plain = torch.Tensor
-        kinds = set(map(type, values))
-        if not kinds <= {plain, *_SCALARS}:
-            return None
-        if _write_items is None:
-            _write_items = _WriteItemFactory()
-        make = _write_items
-        pinned = iter(list(map(plain.is_pinned, [v for v in values if type(v) is plain])))
-        items = [
-            make.tensor(fqn, v, next(pinned)) if type(v) is plain else make.bytes(fqn)
-            for fqn, v in self.state_dict.items()
-        ]
-        plan = dataclasses.replace(_dcp_planner.create_default_local_save_plan({}, self.is_coordinator), items=items)
-        if self.flatten_state_dict:
-            plan = dataclasses.replace(plan, planner_data=self.mappings)
-        self.plan = plan
         return plan
 
     def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Any]:
