@@ -54,7 +54,7 @@ import struct
 from array import array
 from collections.abc import ItemsView, Iterator, KeysView, Mapping
 from itertools import chain, repeat
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -75,15 +75,6 @@ _FOOTER = struct.Struct("<Q4s")
 _MAGIC = b"HRX1"
 _BYTES, _TENSOR = 0, 1
 _GRAD, _PINNED = 1, 2
-
-
-class Span(NamedTuple):
-    """Where a chunk's bytes lie: ``_StorageInfo``'s fields without stream transforms (a
-    tuple: made at C speed, where a ``_StorageInfo`` runs its dataclass constructor)."""
-
-    relative_path: str
-    offset: int
-    length: int
 
 
 class Unindexable(Exception):
@@ -328,7 +319,6 @@ class Index:
         self._fields = fields
         self._entries: dict[int, Any] = {}
         self._whole_mask: torch.Tensor | None = None
-        self._spans: list[Span] | None = None
         self._infos: list[Any] = [None] * n_chunk
 
     # -- per entry --
@@ -421,15 +411,6 @@ class Index:
         """Int64 tensors: each entry's first chunk, and each chunk's file (its place in
         ``files``), byte offset and byte length."""
         return self._columns
-
-    def spans(self) -> list[Span]:
-        """Per chunk, where its bytes lie (:class:`Span`: what hostreg's reader reads of a
-        ``_StorageInfo``), made once for all."""
-        got = self._spans
-        if got is None:
-            files = self.files
-            got = self._spans = [Span(files[f], o, n) for f, o, n in zip(self.file, self.offset, self.length)]
-        return got
 
     def key(self, r: int, j: int) -> MetadataIndex:
         """The ``MetadataIndex`` of chunk ``j`` of entry ``r``, as DCP's writers key it."""
