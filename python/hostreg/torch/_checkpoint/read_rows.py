@@ -88,6 +88,7 @@ def serve_rows(
             pats.append(pattern(*key))
         pids.append(p)
     pid = int64_tensor(pids)
+    nbytes = int64_tensor([0 if p is None else p.nbytes for p in pats])  # per pattern
     direct &= bool_tensor([p is not None for p in pats])[pid] & (lens > 0) & (lens <= whole)
     order = offs.argsort(stable=True)
     order = order[files[order].argsort(stable=True)]  # by file, then offset
@@ -110,7 +111,7 @@ def serve_rows(
             )
             mine = here[direct[here]]
             if len(mine):
-                _serve_file(fd, mine, offs, lens, pid, pats, ptrs, served, transfer)
+                _serve_file(fd, mine, offs, lens, pid, pats, nbytes, ptrs, served, transfer)
     if commit is not None:
         for i in served.nonzero().squeeze(1).tolist():
             commit(rows[i], ts[i])
@@ -129,14 +130,14 @@ def _serve_file(
     lens: torch.Tensor,
     pid: torch.Tensor,
     pats: list[Pattern | None],
+    nbytes: torch.Tensor,
     ptrs: torch.Tensor,
     served: torch.Tensor,
     transfer: Callable[[int, torch.Tensor], None],
 ) -> None:
     """Serves the rows ``mine`` (positions into the other tensors, in file order) of one file,
-    marking in ``served`` those copied."""
+    marking in ``served`` those copied (``nbytes``: each pattern's data bytes)."""
     o, n = offs[mine], lens[mine]
-    nbytes = torch.tensor([0 if p is None else p.nbytes for p in pats], dtype=torch.int64)  # per pattern
     pieces = _chunks.cut(n.tolist())
     ends = n.cumsum(0)
     starts = ends - n
