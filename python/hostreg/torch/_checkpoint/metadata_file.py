@@ -8,7 +8,8 @@ structure saved before, with the same global plan and the same fixed parts on ev
 
 - the prefix, once: the ``Metadata`` with its fields in the order ``state_dict_metadata``,
   ``planner_data``, ``version`` (and any other field torch adds), then ``storage_data`` holding
-  the fixed parts' entries; pickled with protocol 4 (in frames of 64 KiB) and cut before its
+  the fixed parts' entries; pickled with protocol 4 (in frames of 64 KiB, by
+  ``metadata_pickle.py``, as a whole ``Metadata`` of a first save is) and cut before its
   last three opcodes (``SETITEMS`` of the object's state, ``BUILD``, ``STOP``), the last
   frame's length shortened to match;
 - the suffix, at each save: ``MARK``, the other ``storage_data`` entries, ``SETITEMS`` (into the
@@ -36,7 +37,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from .._collector import collector_paused
 from . import index as _index
-from . import keyed
+from . import keyed, metadata_pickle
 
 _CUT = b"ub."  # SETITEMS, BUILD, STOP: the end of a pickled object whose state is a dict of 2+ items
 
@@ -100,7 +101,7 @@ def _make_prefix(fields: dict[str, Any], fixed: list[list]) -> _Prefix:
     pre = Metadata.__new__(Metadata)
     pre.__dict__.update(state)
     with collector_paused():  # a reduce tuple per object pickled: no full collections over them meanwhile
-        raw = pickle.dumps(pre, protocol=4)
+        raw = metadata_pickle.dumps(pre)
         try:
             body: _index.Body | None = _index.Body(
                 fields["state_dict_metadata"], fields.get("planner_data"), storage_data
@@ -151,7 +152,7 @@ def metadata_bytes(metadata: Metadata, results: list[list]) -> bytes:
     if any(f is None for f in fixed):
         metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
         with collector_paused():
-            raw = pickle.dumps(metadata, protocol=4)
+            raw = metadata_pickle.dumps(metadata)
             index = _index.build(metadata)
         if index is None or not raw.endswith(_CUT):
             return raw
