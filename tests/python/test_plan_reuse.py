@@ -206,6 +206,38 @@ def test_the_same_structure_is_planned_and_laid_out_once(tmp_path: Path, monkeyp
     assert_loads(tmp_path / "off", sd)
 
 
+def test_a_structure_laid_out_in_parts_as_it_is_written_is_reused_whole(tmp_path: Path, monkeypatch):
+    """The first save lays out its fixed part in parts, each written while the next is laid
+    out (here a part every 3 tensors); later saves write that part in one call. Each save loads
+    back exactly, and the files of saves of the same values are byte for byte the same."""
+    from hostreg.torch._checkpoint import parts as _parts
+
+    monkeypatch.setattr(_parts, "PART_ITEMS", 3)
+    monkeypatch.setattr(_parts, "PART_BYTES", 1)
+    submitted = []
+    real_submit = _parts._PartWriter.submit
+    monkeypatch.setattr(
+        _parts._PartWriter,
+        "submit",
+        lambda self, part, flags: submitted.append(type(part).__name__) or real_submit(self, part, flags),
+    )
+    sd = base(0)
+    sd["model"].update({f"v{i}": rand(i + 1, 7, dtype=torch.bfloat16, seed=40 + i) for i in range(14)})
+    save(sd, tmp_path / "first")
+    assert submitted.count("_FileLayout") >= 6 and "FixedPart" not in submitted, submitted
+    assert_loads(tmp_path / "first", sd)
+    submitted.clear()
+    save(sd, tmp_path / "again")
+    assert submitted[0] == "FixedPart", submitted
+    assert_loads(tmp_path / "again", sd)
+    name = "__0_0.distcp"
+    assert (tmp_path / "first" / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
+    for t in sd["model"].values():
+        t.mul_(-1)
+    save(sd, tmp_path / "third")
+    assert_loads(tmp_path / "third", sd)
+
+
 def test_torch_own_plan_caching_in_the_same_process_changes_nothing(tmp_path: Path):
     """torch's DefaultSavePlanner(enable_plan_caching=True) keeps one plan per class name; the
     three cases where it reuses a plan that no longer fits (a dtype-only change, a change of

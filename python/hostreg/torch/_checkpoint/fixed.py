@@ -53,25 +53,25 @@ class FixedPart:
     ``index`` (positions in the plan's items)."""
 
     def __init__(
-        self, items: list, index: list[int], lay: _FileLayout, rows: list[int], ptrs: list[int], results: list
+        self, items: list, index: list[int], lays: list[_FileLayout], rows: list[int], ptrs: list[int], results: list
     ) -> None:
         self.items = items  # the plan's items it was laid out for (kept: compared by identity)
-        self.meta = lay.meta  # the bytes the segments point into (kept alive here)
-        seg = torch.empty((len(lay.pieces), 3), dtype=torch.int64)
-        base = _address(lay.meta)
-        seg[:, 0] = torch.tensor([p[0] for p in lay.pieces], dtype=torch.int64)
-        seg[:, 1] = torch.tensor([p[1] for p in lay.pieces], dtype=torch.int64)
-        seg[:, 2] = torch.tensor([base + p[2] if p[3] is None else 0 for p in lay.pieces], dtype=torch.int64)
-        self.seg = seg
+        self.meta = [lay.meta for lay in lays]  # the bytes the segments point into (kept alive here)
+        pieces = [(off, n, _address(lay.meta) + mo if t is None else 0) for lay in lays for off, n, mo, t in lay.pieces]
+        self.seg = torch.tensor(pieces, dtype=torch.int64).reshape(-1, 3)
         self.rows = torch.tensor([r for r in rows if r >= 0], dtype=torch.int64)
         self.byte_items = [i for i, r in zip(index, rows) if r >= 0]  # plan positions of the tensors with bytes
         taken = set(index)
         self.rest = [i for i in range(len(items)) if i not in taken]  # laid out at each save
         self.mods = torch.tensor(ptrs, dtype=torch.int64) % BLOCK
-        self.patches = torch.tensor(lay.patches, dtype=torch.int64).reshape(-1, 3)
+        patches, first = [], 0  # each layout's piece numbers, made the part's
+        for lay in lays:
+            patches += [(data + first, into + first, at) for data, into, at in lay.patches]
+            first += len(lay.pieces)
+        self.patches = torch.tensor(patches, dtype=torch.int64).reshape(-1, 3)
         self.results = results
         self.token = keyed.new_token(results)  # names the results between ranks (metadata_file.Results)
-        self.end = lay.pos
+        self.end = lays[-1].pos
         self.lock = threading.Lock()  # one write at a time from these bytes (the CRCs are written into them)
 
     def addresses(self, data: list) -> torch.Tensor:
@@ -97,18 +97,33 @@ class FixedPart:
         self.seg[self.rows, 2] = ptrs
 
 
-def lay_out(name: str, items: list, data: list, index: list[int], sid: bytes, add_tensor: Any) -> FixedPart:
+def lay_out(
+    name: str, items: list, data: list, index: list[int], sid: bytes, add_tensor: Any, submit: Any = None
+) -> tuple[FixedPart, _FileLayout]:
     """The fixed part of file ``name`` for ``items[i]`` with ``data[i]``, i in ``index`` (all
-    :func:`fixable`), laid out from offset 0 by ``add_tensor`` (the writer's), padded to the block."""
+    :func:`fixable`), laid out from offset 0 by ``add_tensor`` (the writer's), padded to the
+    block, and the last layout of it. With ``submit``, it is laid out in parts (``parts.py``:
+    each full one padded to the block), each but the last handed to ``submit`` as the next
+    begins, so that the caller writes them while the rest is laid out; the last is returned for
+    the caller to write (the part's own :meth:`FixedPart.write` writes it all, at later saves).
+    The layouts hold this save's tensors: the part keeps only their bytes and segments."""
     lay = _FileLayout()
+    lays = [lay]
     align = _container.STORAGE_ALIGNMENT
     rows, ptrs, results = [], [], []
+    first = 0  # pieces of the layouts before lay
     for i in index:
+        if submit is not None and lay.full():
+            lay.close_part()
+            submit(lay)
+            first += len(lay.pieces)
+            lay = _FileLayout(lay.pos)
+            lays.append(lay)
         t = data[i]
         before = len(lay.pieces)
         start = add_tensor(lay, t, align, sid)
         got = [j for j in range(before, len(lay.pieces)) if lay.pieces[j][3] is not None]
-        rows.append(got[0] if got else -1)
+        rows.append(first + got[0] if got else -1)
         if got:
             ptrs.append(t.data_ptr())
         lay.items += 1
@@ -120,7 +135,7 @@ def lay_out(name: str, items: list, data: list, index: list[int], sid: bytes, ad
             )
         )
     lay.close_part()
-    return FixedPart(items, index, lay, rows, ptrs, results)
+    return FixedPart(items, index, lays, rows, ptrs, results), lay
 
 
 _KEEP = 2  # fixed parts remembered per process (their header bytes: about 1 KB a tensor)

@@ -8,6 +8,7 @@ import io
 import os
 import re
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -306,10 +307,10 @@ class FileSystemWriter(_StockWriter):
     def _write_reused(self, name: str, items: list, data: list, token: str) -> list[WriteResult]:
         """Writes file ``name`` of ``items`` (``data``: each one's) whose structure the planner
         names by ``token``: its tensors from the fixed part laid out at an earlier save of that
-        structure (``fixed.py``), where their addresses still fit it, the rest laid out now."""
+        structure (``fixed.py``), where their addresses still fit it, else laid out now (and
+        written part by part as it is laid out); the rest laid out now."""
         key = (token, name)
         part = _fixed.find(key, items)
-        ptrs = None
         if part is not None:
             ptrs = part.addresses(data)
             if not part.fits(ptrs) or not part.lock.acquire(blocking=False):
@@ -317,28 +318,50 @@ class FileSystemWriter(_StockWriter):
         if part is None:
             index = [i for i, (item, d) in enumerate(zip(items, data)) if _fixed.fixable(item, d)]
             sid = f"{int(self.save_id, 16):040d}".encode()
-            with collector_paused():  # several objects per item
-                part = _fixed.lay_out(name, items, data, index, sid, self._add_tensor)
-            ptrs = part.addresses(data)
-            part.lock.acquire()
-            _fixed.keep(key, part)
+            taken = set(index)
+            rest = [(items[i], data[i]) for i in range(len(items)) if i not in taken]
+
+            def new_part(parts: _PartWriter) -> tuple[_fixed.FixedPart, _FileLayout]:
+                with collector_paused():  # several objects per item
+                    made, last = _fixed.lay_out(
+                        name, items, data, index, sid, self._add_tensor, lambda lay: parts.submit(lay, _hostreg.IO_MORE)
+                    )
+                made.lock.acquire()
+                _fixed.keep(key, made)
+                return made, last
+
+            return self._write_file(name, rest, laid_out=new_part)
         try:
             part.point(ptrs)
             return self._write_file(name, [(items[i], data[i]) for i in part.rest], first=part)
         finally:
             part.lock.release()
 
-    def _write_file(self, name: str, items: Any, first: _fixed.FixedPart | None = None) -> list[WriteResult]:
+    def _write_file(
+        self,
+        name: str,
+        items: Any,
+        first: _fixed.FixedPart | None = None,
+        laid_out: Callable[[_PartWriter], tuple[_fixed.FixedPart, _FileLayout]] | None = None,
+    ) -> list[WriteResult]:
         """Lays out and writes one file of ``items`` ((WriteItem, data) pairs) in parts, after
-        the fixed part ``first`` where one is given."""
+        the fixed part ``first`` where one is given, or after the fixed part ``laid_out`` lays
+        out now (handing its full parts to the writer; it holds the part's lock, released here)."""
         path = os.path.join(self.path, name)
         fd = _open_to_replace(path, self.direct_io)
         parts = _PartWriter(fd, threads_for(self.path, self.thread_count), self.stats)
         last = _hostreg.IO_SYNC if self.sync_files else 0
+        held = None  # the new fixed part's lock: held until its bytes are written
         try:
             results: list[WriteResult] = []
             start = 0
-            if first is not None:
+            if laid_out is not None:
+                first, last_laid = laid_out(parts)
+                held = first
+                parts.submit(last_laid, _hostreg.IO_MORE if items else last)
+                del last_laid  # it holds this save's tensors; the writer's thread holds it till written
+                start = first.end
+            elif first is not None:
                 parts.submit(first, _hostreg.IO_MORE if items else last)
                 start = first.end
             if first is None or items:
@@ -354,6 +377,8 @@ class FileSystemWriter(_StockWriter):
             raise
         finally:
             os.close(fd)
+            if held is not None:
+                held.lock.release()
         return results if first is None else Results(first.results, first.token, results)
 
     def _lay_out(
