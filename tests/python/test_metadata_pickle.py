@@ -139,15 +139,29 @@ def test_memo_holds_only_globals_and_keys_and_equal_objects_load_apart() -> None
     assert got["t0"].chunks[0] is not got["t1"].chunks[0]
 
 
-def test_a_torch_whose_classes_pickle_otherwise_gets_pickle_dumps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check against pickle.dumps has teeth: a _StorageInfo whose state is not the one
-    the writer writes (here: its __getstate__ keeps None values too) fails it, and dumps is
-    pickle.dumps byte for byte."""
+@pytest.mark.parametrize("changed", ["_StorageInfo state", "TensorProperties state"])
+def test_a_torch_whose_classes_pickle_otherwise_gets_pickle_dumps(
+    monkeypatch: pytest.MonkeyPatch, changed: str
+) -> None:
+    """The check against pickle.dumps has teeth: a _StorageInfo whose state is not the one the
+    writer writes (its __getstate__ keeps None values too), or a TensorProperties whose state
+    holds more than the writer's cache is keyed by, fails it, and dumps is pickle.dumps byte
+    for byte."""
     md = mp._sample()
     assert mp._verified()
     assert mp.dumps(md) != pickle.dumps(md, protocol=4)
     monkeypatch.setattr(mp, "_checked", None)
-    monkeypatch.setattr(_StorageInfo, "__getstate__", lambda self: dict(self.__dict__))
+    if changed == "_StorageInfo state":
+        monkeypatch.setattr(_StorageInfo, "__getstate__", lambda self: dict(self.__dict__))
+    else:
+        get, put = TensorProperties.__getstate__, TensorProperties.__setstate__
+
+        def setstate(self, state):  # a torch whose properties carry one more field, loaded as such
+            put(self, state[:-1])
+            self.another = state[-1]
+
+        monkeypatch.setattr(TensorProperties, "__getstate__", lambda self: (*get(self), "another field"))
+        monkeypatch.setattr(TensorProperties, "__setstate__", setstate)
     assert not mp._verified()
     assert mp.dumps(md) == pickle.dumps(md, protocol=4)
 

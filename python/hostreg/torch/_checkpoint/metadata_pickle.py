@@ -56,6 +56,14 @@ _EMPTY_DICT_MARK = b"}("
 _SETITEMS, _APPEND, _APPENDS, _MARK, _POP, _MEMOIZE = b"u", b"a", b"e", b"(", b"0", b"\x94"
 _NONE, _STOP = b"N", b"."
 _TUPLES = {0: b")", 1: b"\x85", 2: b"\x86", 3: b"\x87"}
+
+
+def _tuple(items: bytes, n: int) -> bytes:
+    """A tuple of the ``n`` objects that ``items`` pushes, as pickle writes one (``TUPLE1-3``
+    after them, else ``MARK`` before and ``TUPLE`` after)."""
+    return items + _TUPLES[n] if n <= 3 else _MARK + items + b"t"
+
+
 _FRAME_BYTES = 1 << 16  # pickle's own frame size
 
 
@@ -212,9 +220,7 @@ class _Writer:
         if got is None:
             if any(type(v) is not int for v in s):
                 return self.leaf(s)
-            ints = b"".join(map(_int, s))
-            tup = _TUPLES[len(s)] if len(s) <= 3 else b"(" + ints + b"t"
-            got = self.size_ref + (ints + tup if len(s) <= 3 else tup) + b"\x85R"  # TUPLE1 REDUCE
+            got = self.size_ref + _tuple(b"".join(map(_int, s)), len(s)) + b"\x85R"  # TUPLE1 REDUCE
             self.sizes[s] = got
         return got
 
@@ -368,8 +374,7 @@ class _Writer:
             if type(v) is not tuple:
                 out.append(kb + self.value(v))
                 continue
-            keys = b"".join(map(self.string, v))
-            out.append(kb + (keys + _TUPLES[len(v)] if len(v) <= 3 else _MARK + keys + b"t"))
+            out.append(kb + _tuple(b"".join(map(self.string, v)), len(v)))
         return out
 
     def metadata(self, metadata: Metadata) -> list[bytes]:
@@ -471,7 +476,12 @@ def _verified() -> bool:
         if _checked is None:
             try:
                 m = _sample()
-                _checked = _fields(pickle.loads(_write(m)), pickle.loads(pickle.dumps(m, protocol=4)))
+                # The properties' cache is keyed by _props: a state of more fields than it (each in
+                # its own encoding: the memory format as an enum) would be told apart by none.
+                props = [md.properties for md in m.state_dict_metadata.values() if type(md) is TensorStorageMetadata]
+                _checked = all(len(p.__getstate__()) == len(_props(p)) for p in props) and _fields(
+                    pickle.loads(_write(m)), pickle.loads(pickle.dumps(m, protocol=4))
+                )
             except Exception:
                 _checked = False
         return _checked
